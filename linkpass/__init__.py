@@ -1,0 +1,3 @@
+"""linkpass: network-path failover for GPU training clusters."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,1 @@
+"""Thin I/O edges between the outside world and the core engine."""

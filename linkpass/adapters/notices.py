@@ -1,0 +1,172 @@
+"""Peer notices over UDP: tell peers which of our rails are usable, hear theirs.
+
+Sending: one UDP socket per rail, bound to the rail's netdev (SO_BINDTODEVICE, needs
+CAP_NET_RAW), so a notice really leaves over that rail.  A notice goes to each peer's address
+on every rail usable here (a failed rail cannot carry it).  Urgent notices are sent at once
+and repeated at +10 ms and +50 ms (a single datagram may be lost); the current state is
+also refreshed every ``notice_refresh_ms``.
+
+Receiving: one socket on ``0.0.0.0:notice_port``.  Each datagram is verified
+(:func:`linkpass.core.notice.decode`, HMAC-SHA256) and checked against replay; rejected
+datagrams are counted by reason and never stop the daemon.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import time
+from collections import Counter
+from collections.abc import Callable
+
+from linkpass.config import Config
+from linkpass.core import notice as wire
+from linkpass.core.model import Event, PeerRails, SendNotice
+
+log = logging.getLogger("linkpass.notices")
+
+REPEATS_S = (0.010, 0.050)
+
+
+class _Receiver(asyncio.DatagramProtocol):
+    def __init__(self, owner: "NoticeService"):
+        self.owner = owner
+
+    def datagram_received(self, data: bytes, addr) -> None:
+        self.owner.on_datagram(data, addr)
+
+    def error_received(self, exc: Exception) -> None:
+        log.debug("notice socket error: %s", exc)
+
+
+class NoticeService:
+    """Sends and receives peer notices.
+
+    Args:
+        cfg: config (host name, rails, peers, port, refresh period).
+        key: shared HMAC key.
+        post: where to post :class:`PeerRails` events.
+
+    Attributes:
+        counters: ``sent``, ``send_errors``, ``accepted``, and ``rejected_<kind>`` for each
+            rejection kind (``auth``, ``replay``, ``malformed``, ``oversized``, ``unknown_peer``).
+    """
+
+    def __init__(self, cfg: Config, key: bytes, post: Callable[[Event], None]):
+        self.cfg = cfg
+        self.key = key
+        self.post = post
+        self.counters: Counter[str] = Counter()
+        self.guard = wire.ReplayGuard()
+        self._seq = time.time_ns()
+        self._state: SendNotice | None = None
+        self._send_socks: dict[int, socket.socket] = {}
+        self._transport = None
+        self._rail_of_addr: dict[str, int] = {}
+
+    def reconfigure(self, cfg: Config, key: bytes) -> None:
+        self.cfg, self.key = cfg, key
+        for s in self._send_socks.values():
+            s.close()
+        self._send_socks = {}
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._transport, _ = await loop.create_datagram_endpoint(
+            lambda: _Receiver(self), local_addr=("0.0.0.0", self.cfg.daemon.notice_port), reuse_port=False
+        )
+
+    def close(self) -> None:
+        if self._transport:
+            self._transport.close()
+        for s in self._send_socks.values():
+            s.close()
+
+    # ---------------------------------------------------------------- receive
+
+    def on_datagram(self, data: bytes, addr) -> None:
+        t = time.monotonic_ns()
+        try:
+            n = wire.decode(data, self.key)
+            if n.sender not in {p.name for p in self.cfg.peers}:
+                raise wire.NoticeError("unknown_peer", f"sender {n.sender!r} is not a configured peer")
+            self.guard.check(n)
+        except wire.NoticeError as e:
+            self.counters[f"rejected_{e.kind}"] += 1
+            n_kind = self.counters[f"rejected_{e.kind}"]
+            if e.kind != "duplicate" and (n_kind <= 10 or n_kind % 1000 == 0):
+                log.warning("notice from %s:%s dropped (%s, %d so far): %s", addr[0], addr[1], e.kind, n_kind, e)
+            return
+        except Exception as e:  # never let a datagram kill the daemon
+            self.counters["rejected_malformed"] += 1
+            log.warning("notice from %s dropped: %s", addr, e)
+            return
+        self.counters["accepted"] += 1
+        self.post(PeerRails(n.sender, n.usable, n.generation, n.seq, t, self._rail_for_source(addr[0])))
+
+    def _rail_for_source(self, ip: str) -> int | None:
+        for p in self.cfg.peers:
+            for rid, a in p.rail_ips.items():
+                if str(a) == ip:
+                    return rid
+        return None
+
+    # ---------------------------------------------------------------- send
+
+    def _sock(self, rail_id: int) -> socket.socket | None:
+        s = self._send_socks.get(rail_id)
+        if s is not None:
+            return s
+        netdev = next((r.netdev for r in self.cfg.rails if r.id == rail_id), None)
+        if netdev is None:
+            return None
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        s.setblocking(False)
+        try:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, netdev.encode())
+        except OSError as e:
+            log.warning("cannot bind notice socket to %s: %s", netdev, e)
+        self._send_socks[rail_id] = s
+        return s
+
+    def send(self, state: SendNotice) -> None:
+        """Send ``state`` now to every peer over every usable rail (and remember it)."""
+        self._state = state
+        self._seq += 1
+        rails = {r.id: (r.id in state.usable) for r in self.cfg.rails}
+        data = wire.encode(wire.Notice(self.cfg.daemon.host, self._seq, state.generation, rails), self.key)
+        port = self.cfg.daemon.notice_port
+        for rid in sorted(state.usable):
+            s = self._sock(rid)
+            if s is None:
+                continue
+            for p in self.cfg.peers:
+                a = p.rail_ips.get(rid)
+                if a is None:
+                    continue
+                try:
+                    s.sendto(data, (str(a), port))
+                    self.counters["sent"] += 1
+                except OSError as e:
+                    self.counters["send_errors"] += 1
+                    log.debug("notice to %s on rail %d failed: %s", a, rid, e)
+
+    def submit(self, state: SendNotice) -> None:
+        """Send now; if urgent, repeat shortly after (only if no newer state replaced it)."""
+        self.send(state)
+        if state.urgent:
+            loop = asyncio.get_running_loop()
+            for delay in REPEATS_S:
+                loop.call_later(delay, self._repeat, state)
+
+    def _repeat(self, state: SendNotice) -> None:
+        if self._state is state:
+            self.send(state)
+
+    async def refresh_loop(self) -> None:
+        """Resend the current state every notice_refresh_ms (peers that restarted learn it)."""
+        while True:
+            await asyncio.sleep(self.cfg.daemon.notice_refresh_ms / 1000)
+            if self._state is not None:
+                self.send(self._state)

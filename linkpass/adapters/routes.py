@@ -1,0 +1,188 @@
+"""Route actuator: makes the kernel's routes match the engine's latest plan.
+
+Routes are plain or ECMP multipath IPv4 routes (RTA_MULTIPATH) tagged with our routing
+protocol number; only routes carrying that tag are ever replaced or deleted
+(:mod:`linkpass.core.reconcile`).  Work is "latest wins": while one reconciliation runs,
+newer plans overwrite the pending one, so a flapping link cannot queue up stale work.
+After each pass the actuator posts :class:`~linkpass.core.model.RoutesApplied` with the
+monotonic time the last kernel ACK arrived.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import socket
+import time
+from collections.abc import Callable
+
+from pyroute2 import AsyncIPRoute
+from pyroute2.netlink.exceptions import NetlinkError
+
+from linkpass.core.model import ApplyRoutes, Event, Nexthop, RouteSpec, RoutesApplied
+from linkpass.core.reconcile import diff
+
+log = logging.getLogger("linkpass.routes")
+
+
+def _route_from_msg(msg, names: dict[int, str]) -> RouteSpec | None:
+    if msg.get("family") != socket.AF_INET:
+        return None
+    dst = msg.get("dst")
+    dst_len = msg.get("dst_len", 0)
+    prefix = f"{dst or '0.0.0.0'}/{dst_len}"
+    nhs = []
+    mp = msg.get("multipath")
+    if mp:
+        for nh in mp:
+            gw = nh.get("gateway")
+            nhs.append(Nexthop(gw or "", names.get(nh.get("oif"), f"if{nh.get('oif')}")))
+    else:
+        gw = msg.get("gateway")
+        oif = msg.get("oif")
+        if oif is not None:
+            nhs.append(Nexthop(gw or "", names.get(oif, f"if{oif}")))
+    table = msg.get("table") or 254
+    return RouteSpec(prefix, tuple(sorted(nhs)), msg.get("prefsrc"), int(table), int(msg.get("priority") or 0), int(msg.get("proto") or 0))
+
+
+class RouteActuator:
+    """Applies :class:`~linkpass.core.model.ApplyRoutes` plans with pyroute2.
+
+    Args:
+        post: where to post RoutesApplied events.
+        proto: our routing protocol number.
+        table: the routing table we manage.
+    """
+
+    def __init__(self, post: Callable[[Event], None], proto: int, table: int):
+        self.post = post
+        self.proto = proto
+        self.table = table
+        self._pending: ApplyRoutes | None = None
+        self._wake = asyncio.Event()
+        self.applied_generation = 0
+        self.ops_total = 0
+        self.errors_total = 0
+        self._sock: AsyncIPRoute | None = None
+        self._cache: list[RouteSpec] | None = None
+        self._idx: dict[str, int] = {}
+
+    def submit(self, plan: ApplyRoutes) -> None:
+        """Queue a plan (replacing any not yet started one; a resync request is kept)."""
+        if self._pending is None or plan.generation >= self._pending.generation:
+            if self._pending is not None and self._pending.resync and not plan.resync:
+                plan = dataclasses.replace(plan, resync=True)
+            self._pending = plan
+            self._wake.set()
+
+    async def observed(self, ipr: AsyncIPRoute) -> list[RouteSpec]:
+        """Every IPv4 route in our table (ours and others')."""
+        names = {}
+        async for link in await ipr.link("dump"):
+            names[link["index"]] = link.get("ifname")
+        out = []
+        async for msg in await ipr.route("dump", family=socket.AF_INET, table=self.table):
+            r = _route_from_msg(msg, names)
+            if r is not None:
+                out.append(r)
+        return out
+
+    async def _ipr(self) -> AsyncIPRoute:
+        if self._sock is None:
+            self._sock = AsyncIPRoute()
+        return self._sock
+
+    def _drop_caches(self) -> None:
+        self._cache = None
+        self._idx = {}
+        if self._sock is not None:
+            try:
+                self._sock.close()
+            except Exception:
+                pass
+            self._sock = None
+
+    async def reconcile(self, plan: ApplyRoutes, full: bool = False) -> RoutesApplied:
+        """One pass: diff against the kernel, apply replacements first, then deletions.
+
+        The kernel is dumped on the first pass, when ``full`` is set (a route of ours was
+        disturbed from outside) and after any failed operation; otherwise the result of the
+        previous pass is the observed picture (our own changes are the only ones to our
+        routes that do not raise a RouteChanged event).
+        """
+        replaced = deleted = 0
+        errors: list[str] = []
+        ipr = await self._ipr()
+        if full or self._cache is None:
+            self._cache = await self.observed(ipr)
+        observed = self._cache
+        d = diff(plan.routes, observed, self.proto, plan.keep_dsts)
+        now_have = {r.key: r for r in observed}
+        for op in d.ops:
+            r = op.route
+            try:
+                if op.op == "replace":
+                    await ipr.route("replace", **(await self._kwargs(ipr, r)))
+                    replaced += 1
+                    now_have[r.key] = r
+                else:
+                    await ipr.route("del", dst=r.dst, table=r.table, priority=r.metric, proto=r.proto)
+                    deleted += 1
+                    now_have.pop(r.key, None)
+                log.info("route %s", op.describe())
+            except (NetlinkError, OSError, KeyError, ValueError) as e:
+                errors.append(f"{op.op} {r.dst}: {e}")
+                log.error("route %s failed: %s", op.describe(), e)
+        for c in d.conflicts:
+            log.warning("route conflict: %s", c)
+        t = time.monotonic_ns()
+        if errors:
+            self._drop_caches()
+        else:
+            self._cache = list(now_have.values())
+        self.ops_total += replaced + deleted
+        self.errors_total += len(errors)
+        return RoutesApplied(plan.generation, t, replaced, deleted, tuple(errors), d.conflicts)
+
+    async def _ifindex(self, ipr: AsyncIPRoute, netdev: str) -> int:
+        i = self._idx.get(netdev)
+        if i is None:
+            found = await ipr.link_lookup(ifname=netdev)
+            if not found:
+                raise KeyError(f"netdev {netdev} not found")
+            i = self._idx[netdev] = found[0]
+        return i
+
+    async def _kwargs(self, ipr: AsyncIPRoute, r: RouteSpec) -> dict:
+        idx = {nh.netdev: await self._ifindex(ipr, nh.netdev) for nh in r.nexthops}
+        kw = {"dst": r.dst, "table": r.table, "proto": r.proto, "priority": r.metric}
+        if r.prefsrc:
+            kw["prefsrc"] = r.prefsrc
+        if len(r.nexthops) == 1:
+            nh = r.nexthops[0]
+            kw["gateway"] = nh.gateway
+            kw["oif"] = idx[nh.netdev]
+        else:
+            kw["multipath"] = [{"gateway": nh.gateway, "oif": idx[nh.netdev]} for nh in r.nexthops]
+        return kw
+
+    async def run(self) -> None:
+        """Apply plans as they come, newest first; never dies on a failed operation."""
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            plan, self._pending = self._pending, None
+            if plan is None or plan.generation < self.applied_generation:
+                continue
+            try:
+                result = await self.reconcile(plan, full=plan.resync)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # keep the actuator alive; report the failure
+                log.error("route reconciliation for generation %d failed: %s", plan.generation, e)
+                self._drop_caches()
+                result = RoutesApplied(plan.generation, time.monotonic_ns(), errors=(str(e),))
+            self.applied_generation = plan.generation
+            self.post(result)

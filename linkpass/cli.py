@@ -1,0 +1,136 @@
+"""`linkpass ...` sub-commands.
+
+    linkpass run --config FILE            run the daemon (foreground)
+    linkpass status [--config FILE | --socket PATH] [--json]
+    linkpass fabric up|down|cut|heal|show  the emulated fabric (see linkpass.fabric)
+    linkpass demo [--hosts 2] [--rails 2] [--steps N] [--json FILE]
+
+Exit codes: 0 success, 1 runtime failure, 2 bad input (config, arguments), 3 daemon not reachable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+
+
+def _die(msg: str, code: int) -> int:
+    print(f"linkpass: {msg}", file=sys.stderr)
+    return code
+
+
+def cmd_run(args) -> int:
+    from linkpass import daemon
+    from linkpass.config import ConfigError
+
+    try:
+        return daemon.run(args.config, args.log_level)
+    except ConfigError as e:
+        return _die(str(e), 2)
+    except KeyboardInterrupt:
+        return 0
+
+
+def _socket_from_args(args) -> str:
+    from linkpass.config import DEFAULT_CONTROL_SOCKET, load_config
+
+    if args.socket:
+        return args.socket
+    if args.config:
+        return load_config(args.config).daemon.control_socket
+    return DEFAULT_CONTROL_SOCKET
+
+
+def cmd_status(args) -> int:
+    from linkpass.config import ConfigError
+    from linkpass.daemon import query
+
+    try:
+        path = _socket_from_args(args)
+    except ConfigError as e:
+        return _die(str(e), 2)
+    try:
+        st = asyncio.run(query(path, "history" if args.history else "status"))
+    except (OSError, asyncio.TimeoutError) as e:
+        return _die(f"no daemon answers on {path}: {getattr(e, 'strerror', None) or e}", 3)
+    if args.json or args.history:
+        print(json.dumps(st, indent=2))
+        return 0
+    _print_status(st)
+    return 0
+
+
+def _print_status(st: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    c = Console()
+    c.print(f"[bold]{st['host']}[/] mode {st['mode']}  generation {st['generation']} (applied {st['applied_generation']})  uptime {st['uptime_s']} s")
+    t = Table("rail", "netdev", "state", "last change", "reason", "link")
+    colors = {"UP": "green", "DOWN": "red", "HOLD_DOWN": "yellow", "SUSPECT": "yellow", "DRAINED": "blue"}
+    for r in st["rails"]:
+        link = r["link"]
+        ltxt = "absent" if not link or not link["present"] else f"{link['operstate']}{'' if link['carrier'] else ' NO-CARRIER'}{'' if link['admin_up'] else ' admin-down'}"
+        ago = "-" if r["last_change_ago_ms"] is None else f"{r['last_change_ago_ms'] / 1000:.1f} s ago"
+        t.add_row(str(r["id"]), r["netdev"], f"[{colors.get(r['state'], 'white')}]{r['state']}[/]", ago, r["reason"], ltxt)
+    c.print(t)
+    if st["peers"]:
+        p = Table("peer", "usable rails (announced)", "last notice")
+        for peer in st["peers"]:
+            p.add_row(peer["name"], "not heard" if peer["usable_rails"] is None else ",".join(map(str, peer["usable_rails"])) or "none",
+                      "-" if peer["last_notice_ago_ms"] is None else f"{peer['last_notice_ago_ms'] / 1000:.1f} s ago")
+        c.print(p)
+    for w in st.get("warnings", []) + st.get("route_errors", []) + st.get("route_conflicts", []):
+        c.print(f"[yellow]warning:[/] {w}")
+
+
+def cmd_demo(args) -> int:
+    from linkpass.demo import DemoError, main as demo_main
+
+    try:
+        return demo_main(args)
+    except DemoError as e:
+        return _die(f"demo: {e}", 1)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="linkpass", description="Network-path failover for GPU training clusters.")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    r = sub.add_parser("run", help="run the daemon in the foreground")
+    r.add_argument("--config", required=True, help="TOML config file")
+    r.add_argument("--log-level", choices=["debug", "info", "warning", "error"], help="override daemon.log_level")
+    r.set_defaults(func=cmd_run)
+
+    s = sub.add_parser("status", help="show a running daemon's rails, states and plan generation")
+    g = s.add_mutually_exclusive_group()
+    g.add_argument("--config", help="config file of the daemon (to find its control socket)")
+    g.add_argument("--socket", help="control socket path (default /run/linkpass/linkpass.sock)")
+    s.add_argument("--json", action="store_true", help="print JSON")
+    s.add_argument("--history", action="store_true", help="print the daemon's recent history as JSON")
+    s.set_defaults(func=cmd_status)
+
+    from linkpass.fabric.cli import register as register_fabric
+
+    register_fabric(sub)
+
+    d = sub.add_parser("demo", help="fabric + daemons + a gloo training job that keeps training through a rail cut")
+    d.add_argument("--hosts", type=int, default=2)
+    d.add_argument("--rails", type=int, default=2)
+    d.add_argument("--steps", type=int, default=300)
+    d.add_argument("--json", metavar="FILE", help="write the result as JSON")
+    d.add_argument("--name", default="lpdemo", help="fabric name (default lpdemo)")
+    d.add_argument("--mode", default="carrier-loss", help="cut mode (default carrier-loss)")
+    d.set_defaults(func=cmd_demo)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,229 @@
+"""Typed, validated daemon configuration (TOML).
+
+The file is read with :mod:`tomllib` and validated with pydantic.  Every option is
+documented on its field below and in ``deploy/linkpass.example.toml``.
+
+Errors never surface as tracebacks: :func:`load_config` raises :class:`ConfigError`
+whose message is one line naming the file, the field and what is wrong, e.g.::
+
+    /etc/linkpass/linkpass.toml: rails[1].netdev: Field required
+
+Example (what ``linkpass fabric up`` writes for host 0 of a two-host, two-rail fabric)::
+
+    [daemon]
+    host = "h0"
+    mode = "host-ip"
+    host_ip = "198.19.0.1"
+    control_socket = "/run/linkpass/lp/h0.sock"
+    notice_key_file = "/run/linkpass/lp/notice.key"
+
+    [[rails]]
+    id = 0
+    netdev = "rail0"
+    address = "198.18.0.1"
+
+    [[peers]]
+    name = "h1"
+    host_ip = "198.19.0.2"
+    rail_ips = { "0" = "198.18.0.2", "1" = "198.18.1.2" }
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import tomllib
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+#: Routing protocol number that tags every route linkpass installs (``ip route ... proto 201``).
+#: Linux reserves 0-4 for the kernel; iproute2's rt_protos names numbers up to 192; 201 is unnamed.
+DEFAULT_ROUTE_PROTOCOL = 201
+DEFAULT_CONTROL_SOCKET = "/run/linkpass/linkpass.sock"
+DEFAULT_NOTICE_PORT = 7471
+
+
+class ConfigError(Exception):
+    """A configuration file is missing, unreadable or invalid.
+
+    ``str(err)`` is a single line: ``<file>: <field>: <what is wrong>``.
+    """
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class DaemonSection(_Strict):
+    """The ``[daemon]`` table."""
+
+    host: str = Field(min_length=1, max_length=64, description="This host's name, as peers know it.")
+    mode: Literal["host-ip", "per-rail-ip"] = Field(
+        "host-ip",
+        description="host-ip: one host address, routes to peers' host IPs over all healthy rails. "
+        "per-rail-ip: each rail has its own subnet; a failed rail's peer addresses are carried "
+        "by /32 routes over a healthy rail.",
+    )
+    host_ip: ipaddress.IPv4Address | None = Field(None, description="Host IP (required in host-ip mode).")
+    control_socket: str = Field(DEFAULT_CONTROL_SOCKET, description="Unix socket for `linkpass status`.")
+    route_protocol: int = Field(DEFAULT_ROUTE_PROTOCOL, ge=5, le=255, description="rtm_protocol tag of our routes.")
+    route_table: int = Field(254, ge=1, le=2**31 - 1, description="Routing table for our routes (254 = main).")
+    route_metric: int = Field(0, ge=0, le=2**32 - 1, description="Metric (priority) of our routes.")
+    hold_down_ms: int = Field(2000, ge=0, le=3_600_000, description="A rail that comes back is used again only after staying up this long.")
+    notice_port: int = Field(DEFAULT_NOTICE_PORT, ge=1, le=65535, description="UDP port for peer notices.")
+    notice_key_file: str | None = Field(None, description="File (mode 0600) holding the shared HMAC key for peer notices.")
+    notice_refresh_ms: int = Field(1000, ge=50, le=600_000, description="Period of the full-state notice sent to every peer.")
+    state_file: str | None = Field(None, description="Where to keep a JSON copy of the last status (optional).")
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+    @model_validator(mode="after")
+    def _host_ip_for_mode(self) -> "DaemonSection":
+        if self.mode == "host-ip" and self.host_ip is None:
+            raise ValueError("host_ip is required when mode = \"host-ip\"")
+        return self
+
+
+class RailSection(_Strict):
+    """One ``[[rails]]`` entry: a rail id and the netdev that serves it on this host."""
+
+    id: int = Field(ge=0, le=65535)
+    netdev: str = Field(min_length=1, max_length=15)
+    address: ipaddress.IPv4Address | None = Field(None, description="This host's address on the rail (per-rail-ip mode).")
+
+
+class PeerSection(_Strict):
+    """One ``[[peers]]`` entry: another host of the job and its addresses."""
+
+    name: str = Field(min_length=1, max_length=64)
+    host_ip: ipaddress.IPv4Address | None = None
+    rail_ips: dict[int, ipaddress.IPv4Address] = Field(description="Rail id -> the peer's address on that rail.")
+
+    @field_validator("rail_ips")
+    @classmethod
+    def _non_empty(cls, v: dict[int, ipaddress.IPv4Address]) -> dict[int, ipaddress.IPv4Address]:
+        if not v:
+            raise ValueError("must name the peer's address on at least one rail")
+        return v
+
+
+class Config(_Strict):
+    """The whole validated configuration."""
+
+    daemon: DaemonSection
+    rails: list[RailSection] = Field(min_length=1)
+    peers: list[PeerSection] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> "Config":
+        ids = [r.id for r in self.rails]
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"rails: duplicate rail id in {ids}")
+        devs = [r.netdev for r in self.rails]
+        if len(set(devs)) != len(devs):
+            raise ValueError(f"rails: netdev used by two rails in {devs}")
+        names = [p.name for p in self.peers]
+        if len(set(names)) != len(names):
+            raise ValueError(f"peers: duplicate peer name in {names}")
+        if self.daemon.host in names:
+            raise ValueError(f"peers: this host ({self.daemon.host}) is listed as its own peer")
+        for i, p in enumerate(self.peers):
+            if self.daemon.mode == "host-ip" and p.host_ip is None:
+                raise ValueError(f"peers[{i}].host_ip: required when mode = \"host-ip\"")
+            unknown = sorted(set(p.rail_ips) - set(ids))
+            if unknown:
+                raise ValueError(f"peers[{i}].rail_ips: rail id(s) {unknown} are not in [[rails]]")
+        if self.daemon.mode == "per-rail-ip":
+            for i, r in enumerate(self.rails):
+                if r.address is None:
+                    raise ValueError(f"rails[{i}].address: required when mode = \"per-rail-ip\"")
+        return self
+
+
+def _loc(loc: tuple) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += ("." if out else "") + str(part)
+    return out
+
+
+def parse_config(text: str, source: str = "<config>") -> Config:
+    """Parse and validate TOML text.
+
+    Args:
+        text: the TOML document.
+        source: the name used in error messages (usually the file path).
+
+    Returns:
+        The validated :class:`Config`.
+
+    Raises:
+        ConfigError: one line ``<source>: <field>: <problem>``.
+    """
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{source}: not valid TOML: {e}") from None
+    try:
+        return Config.model_validate(raw)
+    except ValidationError as e:
+        first = e.errors()[0]
+        field = _loc(tuple(first.get("loc", ()))) or "(top level)"
+        msg = first.get("msg", "invalid")
+        if msg.startswith("Value error, "):
+            msg = msg[len("Value error, "):]
+        more = f" (and {e.error_count() - 1} more problem(s))" if e.error_count() > 1 else ""
+        raise ConfigError(f"{source}: {field}: {msg}{more}") from None
+
+
+def load_config(path: str | Path) -> Config:
+    """Read and validate a config file.
+
+    Raises:
+        ConfigError: missing or unreadable file, bad TOML, or invalid values; the message
+            names the file and the field.
+    """
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{p}: no such file") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{p}: is a directory, not a config file") from None
+    except PermissionError:
+        raise ConfigError(f"{p}: permission denied") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{p}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except OSError as e:
+        raise ConfigError(f"{p}: cannot read: {e.strerror}") from None
+    return parse_config(text, str(p))
+
+
+def read_key_file(path: str | Path) -> bytes:
+    """Read the shared notice key.
+
+    The file must be a regular file not readable or writable by group or others (mode 0600
+    or stricter) and hold at least 16 bytes after stripping surrounding whitespace.
+
+    Raises:
+        ConfigError: naming the file and what is wrong.
+    """
+    p = Path(path)
+    try:
+        st = p.stat()
+    except FileNotFoundError:
+        raise ConfigError(f"{p}: notice key file does not exist") from None
+    except OSError as e:
+        raise ConfigError(f"{p}: cannot stat notice key file: {e.strerror}") from None
+    if st.st_mode & 0o077:
+        raise ConfigError(f"{p}: notice key file has mode {st.st_mode & 0o777:04o}; it must be 0600 (no group/other access)")
+    try:
+        key = p.read_bytes().strip()
+    except OSError as e:
+        raise ConfigError(f"{p}: cannot read notice key file: {e.strerror}") from None
+    if len(key) < 16:
+        raise ConfigError(f"{p}: notice key is {len(key)} bytes; at least 16 are required")
+    return key

@@ -1,0 +1,1 @@
+"""Pure decision logic: no sockets, no asyncio, no clocks, no side-effecting imports."""

@@ -1,0 +1,300 @@
+"""The engine: ``Engine.handle(event, now_ns) -> list[Action]``, the only place state changes.
+
+Inputs are the typed events of :mod:`linkpass.core.model`; outputs are actions as data
+(routes to apply, notices to send, a timer to set).  The clock is a parameter: the engine
+never reads it, so tests drive it with a fake clock, and the same events at the same times
+give the same actions.
+
+Generations: every change of the plan (our usable rails, or the routes wanted) bumps
+``generation``; route and notice actions carry it so consumers act only on newer ones.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+
+from linkpass.config import Config
+from linkpass.core.health import RailHealth, RailState, Transition
+from linkpass.core.model import (
+    Action,
+    AddrChanged,
+    ApplyRoutes,
+    Drain,
+    Event,
+    HistoryEntry,
+    LinkChanged,
+    LinkFacts,
+    LinkSnapshot,
+    PeerRails,
+    RouteChanged,
+    RoutesApplied,
+    SendNotice,
+    SetTimer,
+    Tick,
+)
+from linkpass.core.planner import Plan, all_destinations, plan_routes
+
+log = logging.getLogger("linkpass.engine")
+
+HISTORY_LEN = 2000
+
+
+class Engine:
+    """Decides, from what adapters saw, which routes and notices the host needs.
+
+    Args:
+        cfg: validated configuration.
+
+    Attributes:
+        generation: current plan generation (starts at 0; the first plan is 1).
+        rails: per rail id, its :class:`RailHealth`.
+        peer_usable: per peer, the rails it last announced usable (absent = never heard).
+        history: recent :class:`HistoryEntry` items, oldest first.
+    """
+
+    def __init__(self, cfg: Config):
+        self.cfg = cfg
+        self.generation = 0
+        self.rails: dict[int, RailHealth] = {}
+        self.links: dict[str, LinkFacts] = {}
+        self.addrs: dict[str, set[str]] = {}
+        self.peer_usable: dict[str, frozenset[int]] = {}
+        self.peer_last_ns: dict[str, int] = {}
+        self.peer_generation: dict[str, int] = {}
+        self.history: deque[HistoryEntry] = deque(maxlen=HISTORY_LEN)
+        self.warnings: list[str] = []
+        self.plan: Plan | None = None
+        self.applied_generation = 0
+        self.applied_ns: int | None = None
+        self.apply_errors: tuple[str, ...] = ()
+        self.conflicts: tuple[str, ...] = ()
+        self.synced = False
+        self._timer_at: int | None = None
+        self._plan_usable: frozenset[int] = frozenset()
+        self._resync_routes = False
+        self._configure(cfg)
+
+    # ------------------------------------------------------------------ config
+
+    def _configure(self, cfg: Config) -> None:
+        self.cfg = cfg
+        hold_ns = cfg.daemon.hold_down_ms * 1_000_000
+        new: dict[int, RailHealth] = {}
+        for r in cfg.rails:
+            h = self.rails.get(r.id) or RailHealth(r.id, hold_ns)
+            h.hold_down_ns = hold_ns
+            new[r.id] = h
+        self.rails = new
+        names = {p.name for p in cfg.peers}
+        self.peer_usable = {k: v for k, v in self.peer_usable.items() if k in names}
+        self._netdev_rail = {r.netdev: r.id for r in cfg.rails}
+        self._dsts = all_destinations(cfg)
+
+    def reconfigure(self, cfg: Config, now_ns: int) -> list[Action]:
+        """Adopt a reloaded config (SIGHUP): rails, peers, hold-down, route settings.
+
+        Rails whose netdev changed are re-evaluated from the last link facts seen.
+        """
+        old_dev = {r.id: r.netdev for r in self.cfg.rails}
+        self._configure(cfg)
+        self._record("config_reloaded", now_ns, {})
+        for r in cfg.rails:
+            if old_dev.get(r.id) != r.netdev and self.synced:
+                self._eval_rail(r.id, now_ns, now_ns)
+        return self._replan(now_ns, "config reloaded", force=True)
+
+    # ------------------------------------------------------------------ main entry
+
+    def handle(self, event: Event, now_ns: int) -> list[Action]:
+        """Apply one event at monotonic time ``now_ns`` and return the actions it needs.
+
+        Never raises on event content; an :class:`~linkpass.core.health.IllegalTransition`
+        would be a bug in this module.
+        """
+        if isinstance(event, LinkSnapshot):
+            return self._on_snapshot(event, now_ns)
+        if isinstance(event, LinkChanged):
+            return self._on_link(event, now_ns)
+        if isinstance(event, Tick):
+            return self._on_tick(now_ns)
+        if isinstance(event, PeerRails):
+            return self._on_peer(event, now_ns)
+        if isinstance(event, RoutesApplied):
+            return self._on_applied(event)
+        if isinstance(event, RouteChanged):
+            return self._on_route_changed(event, now_ns)
+        if isinstance(event, AddrChanged):
+            s = self.addrs.setdefault(event.netdev, set())
+            (s.add if event.present else s.discard)(f"{event.address}/{event.prefixlen}")
+            return []
+        if isinstance(event, Drain):
+            return self._on_drain(event, now_ns)
+        log.warning("engine: ignoring unknown event %r", type(event).__name__)
+        return []
+
+    # ------------------------------------------------------------------ handlers
+
+    def _on_snapshot(self, ev: LinkSnapshot, now_ns: int) -> list[Action]:
+        self.links = {f.netdev: f for f in ev.links}
+        first = not self.synced
+        self.synced = True
+        self._record("link_dump", now_ns, {"reason": ev.reason, "netdevs": len(ev.links)})
+        if first:
+            for r in self.cfg.rails:
+                if r.netdev not in self.links:
+                    msg = f"rail {r.id}: netdev {r.netdev!r} not found on this host; rail stays DOWN until it appears"
+                    self.warnings.append(msg)
+                    log.warning(msg)
+        for rid in sorted(self.rails):
+            self._eval_rail(rid, ev.t_ns, now_ns)
+        return self._replan(now_ns, f"link dump ({ev.reason})", force=first)
+
+    def _on_link(self, ev: LinkChanged, now_ns: int) -> list[Action]:
+        self.links[ev.facts.netdev] = ev.facts
+        rid = self._netdev_rail.get(ev.facts.netdev)
+        if rid is None or not self.synced:
+            return []
+        self._eval_rail(rid, ev.t_ns, now_ns)
+        return self._replan(now_ns, f"link change on {ev.facts.netdev}")
+
+    def _on_tick(self, now_ns: int) -> list[Action]:
+        self._timer_at = None
+        for rid in sorted(self.rails):
+            t = self.rails[rid].on_tick(now_ns)
+            if t:
+                self._record_transition(t, now_ns)
+        self._resync_routes = True  # failback is not latency-critical: re-read the kernel
+        return self._replan(now_ns, "hold-down expired")
+
+    def _on_drain(self, ev: Drain, now_ns: int) -> list[Action]:
+        h = self.rails.get(ev.rail)
+        if h is None:
+            return []
+        t = h.on_drain(ev.drain, now_ns)
+        if t:
+            self._record_transition(t, now_ns)
+        return self._replan(now_ns, "drain" if ev.drain else "undrain")
+
+    def _on_peer(self, ev: PeerRails, now_ns: int) -> list[Action]:
+        if ev.peer not in {p.name for p in self.cfg.peers}:
+            return []
+        self.peer_last_ns[ev.peer] = now_ns
+        self.peer_generation[ev.peer] = ev.generation
+        old = self.peer_usable.get(ev.peer)
+        if old == ev.usable:
+            return []
+        self.peer_usable[ev.peer] = ev.usable
+        self._record("peer_rails", now_ns, {"peer": ev.peer, "usable": sorted(ev.usable), "was": None if old is None else sorted(old), "peer_generation": ev.generation})
+        log.info("peer %s: usable rails %s -> %s", ev.peer, None if old is None else sorted(old), sorted(ev.usable))
+        return self._replan(now_ns, f"peer {ev.peer} rails changed")
+
+    def _on_applied(self, ev: RoutesApplied) -> list[Action]:
+        if ev.generation >= self.applied_generation:
+            self.applied_generation = ev.generation
+            self.applied_ns = ev.t_ns
+            self.apply_errors = ev.errors
+            self.conflicts = ev.conflicts
+        self._record("routes_applied", ev.t_ns, {"generation": ev.generation, "replaced": ev.replaced, "deleted": ev.deleted, "errors": list(ev.errors), "conflicts": list(ev.conflicts)})
+        return []
+
+    def _on_route_changed(self, ev: RouteChanged, now_ns: int) -> list[Action]:
+        ours = ev.proto == self.cfg.daemon.route_protocol
+        if self.plan is None or ev.dst not in self._dsts:
+            return []
+        if ours and not ev.deleted:
+            return []  # our own change echoed back
+        # someone removed one of our routes, or put a route on one of our destinations
+        self._record("route_disturbed", now_ns, {"dst": ev.dst, "proto": ev.proto, "deleted": ev.deleted})
+        return [ApplyRoutes(self.generation, self.plan.routes, self.plan.keep_dsts, f"route to {ev.dst} changed outside linkpass", resync=True)]
+
+    # ------------------------------------------------------------------ helpers
+
+    def _eval_rail(self, rid: int, event_ns: int, now_ns: int) -> None:
+        netdev = next(r.netdev for r in self.cfg.rails if r.id == rid)
+        facts = self.links.get(netdev) or LinkFacts(netdev, present=False, admin_up=False, carrier=False, operstate="NOTPRESENT")
+        t = self.rails[rid].on_link(facts.healthy, facts.why_not() or f"{netdev} up", now_ns)
+        if t:
+            self._record_transition(t, now_ns, event_ns)
+        if not (facts.present and facts.admin_up):
+            # IPv4 flushes routes through a netdev that goes down or away without telling
+            # anyone (no RTM_DELROUTE): the actuator must re-read the kernel next time.
+            self._resync_routes = True
+
+    def _record_transition(self, t: Transition, now_ns: int, event_ns: int | None = None) -> None:
+        self._record("rail", now_ns, {"rail": t.rail, "old": t.old.value, "new": t.new.value, "reason": t.reason, "event_t_ns": event_ns if event_ns is not None else now_ns})
+
+    def _record(self, kind: str, t_ns: int, data: dict) -> None:
+        self.history.append(HistoryEntry(kind, t_ns, data))
+
+    def local_usable(self) -> frozenset[int]:
+        """Ids of our rails that may carry traffic now."""
+        return frozenset(rid for rid, h in self.rails.items() if h.usable)
+
+    def _replan(self, now_ns: int, reason: str, force: bool = False) -> list[Action]:
+        actions: list[Action] = []
+        plan = plan_routes(self.cfg, self.local_usable(), self.peer_usable)
+        prev_usable = None if self.plan is None else self._plan_usable
+        usable = self.local_usable()
+        changed = self.plan is None or plan != self.plan or usable != prev_usable
+        if changed or force:
+            self.generation += 1
+            self.plan = plan
+            self._plan_usable = usable
+            for n in plan.notes:
+                log.warning("%s", n)
+            self._record("plan", now_ns, {"generation": self.generation, "reason": reason, "usable": sorted(usable), "routes": len(plan.routes)})
+            actions.append(ApplyRoutes(self.generation, plan.routes, plan.keep_dsts, reason, resync=self._resync_routes))
+            self._resync_routes = False
+            if prev_usable is None or usable != prev_usable or force:
+                actions.append(SendNotice(self.generation, usable, urgent=True))
+        deadline = min((d for h in self.rails.values() if (d := h.next_deadline()) is not None), default=None)
+        if deadline is not None and deadline != self._timer_at:
+            self._timer_at = deadline
+            actions.append(SetTimer(deadline))
+        return actions
+
+    # ------------------------------------------------------------------ status
+
+    def status(self, now_ns: int) -> dict:
+        """A JSON-ready picture for `linkpass status` (see :func:`linkpass.cli` for fields)."""
+        rails = []
+        for r in self.cfg.rails:
+            h = self.rails[r.id]
+            f = self.links.get(r.netdev)
+            rails.append({
+                "id": r.id,
+                "netdev": r.netdev,
+                "state": h.state.value,
+                "usable": h.usable,
+                "reason": h.reason,
+                "since_ns": h.since_ns,
+                "last_change_ago_ms": round((now_ns - h.since_ns) / 1e6, 3) if h.state != RailState.UNKNOWN else None,
+                "hold_down_left_ms": round(max(0, h.hold_until_ns - now_ns) / 1e6, 3) if h.hold_until_ns else None,
+                "link": None if f is None else {"present": f.present, "admin_up": f.admin_up, "carrier": f.carrier, "operstate": f.operstate},
+                "addresses": sorted(self.addrs.get(r.netdev, ())),
+            })
+        peers = []
+        for p in self.cfg.peers:
+            last = self.peer_last_ns.get(p.name)
+            peers.append({
+                "name": p.name,
+                "host_ip": None if p.host_ip is None else str(p.host_ip),
+                "usable_rails": None if p.name not in self.peer_usable else sorted(self.peer_usable[p.name]),
+                "peer_generation": self.peer_generation.get(p.name),
+                "last_notice_ago_ms": None if last is None else round((now_ns - last) / 1e6, 3),
+            })
+        return {
+            "host": self.cfg.daemon.host,
+            "mode": self.cfg.daemon.mode,
+            "generation": self.generation,
+            "applied_generation": self.applied_generation,
+            "now_ns": now_ns,
+            "rails": rails,
+            "peers": peers,
+            "routes": [] if self.plan is None else [r.to_json() for r in self.plan.routes],
+            "kept_destinations": [] if self.plan is None else sorted(self.plan.keep_dsts),
+            "route_errors": list(self.apply_errors),
+            "route_conflicts": list(self.conflicts),
+            "warnings": list(self.warnings),
+        }

@@ -1,0 +1,258 @@
+"""Typed events (what adapters saw) and actions (what the engine wants done).
+
+All times are ``int`` nanoseconds of the monotonic clock (``time.monotonic_ns()`` at the
+edge that observed the thing); the core never reads a clock itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Union
+
+# --------------------------------------------------------------------------- link facts
+
+
+@dataclass(frozen=True)
+class LinkFacts:
+    """What the kernel says about one netdev.
+
+    Attributes:
+        netdev: interface name (``rail0``).
+        present: False when the netdev does not exist (RTM_DELLINK or absent from a dump).
+        admin_up: IFF_UP.
+        carrier: IFF_LOWER_UP (the driver reports carrier).
+        operstate: RFC 2863 operstate as the kernel names it (``UP``, ``DOWN``,
+            ``LOWERLAYERDOWN``, ``UNKNOWN``, ``DORMANT``, ``NOTPRESENT``, ``TESTING``).
+    """
+
+    netdev: str
+    present: bool = True
+    admin_up: bool = True
+    carrier: bool = True
+    operstate: str = "UP"
+
+    @property
+    def healthy(self) -> bool:
+        """True when the netdev can carry traffic: present, admin up, carrier, and an
+        operstate of UP (or UNKNOWN, which drivers without operstate support report)."""
+        return self.present and self.admin_up and self.carrier and self.operstate in ("UP", "UNKNOWN")
+
+    def why_not(self) -> str:
+        """Human reason the link is not healthy ('' when healthy)."""
+        if not self.present:
+            return f"netdev {self.netdev} not present"
+        if not self.admin_up:
+            return f"{self.netdev} admin down"
+        if not self.carrier:
+            return f"carrier lost on {self.netdev}"
+        if self.operstate not in ("UP", "UNKNOWN"):
+            return f"{self.netdev} operstate {self.operstate}"
+        return ""
+
+
+# --------------------------------------------------------------------------- events
+
+
+@dataclass(frozen=True)
+class LinkChanged:
+    """RTM_NEWLINK / RTM_DELLINK for one netdev, stamped when the daemon received it."""
+
+    facts: LinkFacts
+    t_ns: int
+
+
+@dataclass(frozen=True)
+class LinkSnapshot:
+    """A full link dump (start-up or resync after a netlink overrun/reconnect).
+
+    Netdevs absent from ``links`` are treated as not present.
+    """
+
+    links: tuple[LinkFacts, ...]
+    t_ns: int
+    reason: str = "start"
+
+
+@dataclass(frozen=True)
+class AddrChanged:
+    """RTM_NEWADDR / RTM_DELADDR (IPv4) on a netdev."""
+
+    netdev: str
+    address: str
+    prefixlen: int
+    present: bool
+    t_ns: int
+
+
+@dataclass(frozen=True)
+class RouteChanged:
+    """RTM_NEWROUTE / RTM_DELROUTE that may concern our routes (ours, or anyone's route
+    to one of our destinations)."""
+
+    dst: str
+    proto: int
+    table: int
+    deleted: bool
+    t_ns: int
+
+
+@dataclass(frozen=True)
+class PeerRails:
+    """An authenticated peer notice: which of the peer's rails it can use now.
+
+    Attributes:
+        peer: the sender's host name (already matched to a configured peer).
+        usable: rail ids the peer currently uses.
+        generation: the sender's plan generation.
+        seq: the sender's sequence number (already checked against replay).
+        via_rail: the local rail the notice arrived on, or None if unknown.
+    """
+
+    peer: str
+    usable: frozenset[int]
+    generation: int
+    seq: int
+    t_ns: int
+    via_rail: int | None = None
+
+
+@dataclass(frozen=True)
+class RoutesApplied:
+    """The route actuator finished reconciling the kernel to a plan generation."""
+
+    generation: int
+    t_ns: int
+    replaced: int = 0
+    deleted: int = 0
+    errors: tuple[str, ...] = ()
+    conflicts: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Tick:
+    """A timer the engine asked for has expired."""
+
+    t_ns: int
+
+
+@dataclass(frozen=True)
+class Drain:
+    """Operator request to take a rail out of use (drain=True) or return it (False)."""
+
+    rail: int
+    drain: bool
+    t_ns: int
+
+
+Event = Union[LinkChanged, LinkSnapshot, AddrChanged, RouteChanged, PeerRails, RoutesApplied, Tick, Drain]
+
+# --------------------------------------------------------------------------- routes
+
+
+@dataclass(frozen=True, order=True)
+class Nexthop:
+    """One nexthop: the gateway address reached over a netdev (and the rail it serves)."""
+
+    gateway: str
+    netdev: str
+    rail: int | None = None
+
+
+@dataclass(frozen=True)
+class RouteSpec:
+    """A route we want in the kernel (or one we saw there).
+
+    ``dst`` is a prefix in CIDR form (``198.19.0.2/32``); ``nexthops`` are sorted; one
+    nexthop means a plain route, several mean an ECMP multipath route.
+    """
+
+    dst: str
+    nexthops: tuple[Nexthop, ...]
+    prefsrc: str | None = None
+    table: int = 254
+    metric: int = 0
+    proto: int = 0
+
+    @property
+    def key(self) -> tuple[str, int, int]:
+        """Identity of a route in the kernel's FIB: (dst, table, metric)."""
+        return (self.dst, self.table, self.metric)
+
+    def same_forwarding(self, other: "RouteSpec") -> bool:
+        """True when both send traffic the same way (nexthop gateways and netdevs, source)."""
+        strip = lambda nhs: tuple(sorted((n.gateway, n.netdev) for n in nhs))  # noqa: E731
+        return strip(self.nexthops) == strip(other.nexthops) and self.prefsrc == other.prefsrc and self.proto == other.proto
+
+    def describe(self) -> str:
+        """``ip route``-like one-line text."""
+        via = " ".join(f"nexthop via {n.gateway} dev {n.netdev}" for n in self.nexthops)
+        src = f" src {self.prefsrc}" if self.prefsrc else ""
+        return f"{self.dst}{src} proto {self.proto} table {self.table} metric {self.metric} {via}"
+
+    def to_json(self) -> dict:
+        return {
+            "dst": self.dst,
+            "prefsrc": self.prefsrc,
+            "table": self.table,
+            "metric": self.metric,
+            "proto": self.proto,
+            "nexthops": [{"gateway": n.gateway, "netdev": n.netdev, "rail": n.rail} for n in self.nexthops],
+        }
+
+
+# --------------------------------------------------------------------------- actions
+
+
+@dataclass(frozen=True)
+class ApplyRoutes:
+    """Make the kernel hold exactly these routes of ours (plus the kept ones).
+
+    Attributes:
+        generation: plan generation; the actuator ignores anything older than what it applied.
+        routes: desired routes.
+        keep_dsts: destinations whose existing route must be left as it is (no usable rail:
+            better a stale route than traffic leaking to a default route).
+        reason: why this plan exists (for logs).
+        resync: re-read the kernel's routes before diffing (something outside linkpass
+            changed them).
+    """
+
+    generation: int
+    routes: tuple[RouteSpec, ...]
+    keep_dsts: frozenset[str] = frozenset()
+    reason: str = ""
+    resync: bool = False
+
+
+@dataclass(frozen=True)
+class SendNotice:
+    """Tell every peer which of our rails are usable now (over our usable rails).
+
+    ``urgent`` asks the notice adapter to send at once and repeat a few times.
+    """
+
+    generation: int
+    usable: frozenset[int]
+    urgent: bool = True
+
+
+@dataclass(frozen=True)
+class SetTimer:
+    """Deliver a :class:`Tick` at monotonic time ``at_ns`` (replaces any earlier request)."""
+
+    at_ns: int
+
+
+Action = Union[ApplyRoutes, SendNotice, SetTimer]
+
+
+@dataclass
+class HistoryEntry:
+    """One line of the engine's history (kept for `linkpass status` and the demo)."""
+
+    kind: str
+    t_ns: int
+    data: dict = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return {"kind": self.kind, "t_ns": self.t_ns, **self.data}

@@ -1,0 +1,235 @@
+"""Composition root: builds the adapters, one event queue, supervised named tasks.
+
+``linkpass run --config FILE`` ends up in :func:`run`.  Flow (DESIGN.md rule 1)::
+
+    NetlinkMonitor ─┐
+    NoticeService  ─┼─> asyncio.Queue ─> Engine.handle(event, now) ─> actions
+    RouteActuator  ─┤                                             ├─> RouteActuator.submit
+    timer (Tick)   ─┘                                             ├─> NoticeService.submit
+                                                                  └─> timer
+Signals: SIGTERM/SIGINT stop the daemon and leave routes as they are (traffic must not drop
+because the daemon stops); SIGHUP reloads the config (an invalid new config is logged and
+the old one kept).  The control socket answers ``{"cmd": "status"}`` with a JSON status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import time
+from pathlib import Path
+
+from linkpass.adapters.netlink import NetlinkMonitor
+from linkpass.adapters.notices import NoticeService
+from linkpass.adapters.routes import RouteActuator
+from linkpass.config import Config, ConfigError, load_config, read_key_file
+from linkpass.core.engine import Engine
+from linkpass.core.model import ApplyRoutes, SendNotice, SetTimer, Tick
+from linkpass.core.planner import all_destinations
+
+log = logging.getLogger("linkpass.daemon")
+
+STATUS_SCHEMA = "linkpass.status/v1"
+
+
+class Daemon:
+    """One linkpass daemon for the current network namespace.
+
+    Args:
+        config_path: path of the TOML config (re-read on SIGHUP).
+        cfg: the already validated config.
+    """
+
+    def __init__(self, config_path: str, cfg: Config):
+        self.config_path = config_path
+        self.cfg = cfg
+        self.queue: asyncio.Queue = asyncio.Queue()
+        self.engine = Engine(cfg)
+        self.key = read_key_file(cfg.daemon.notice_key_file) if cfg.daemon.notice_key_file else None
+        if self.key is None:
+            log.warning("no notice_key_file configured: peer notices are disabled")
+        self.monitor = NetlinkMonitor(self.queue.put_nowait, self._route_filter)
+        self.routes = RouteActuator(self.queue.put_nowait, cfg.daemon.route_protocol, cfg.daemon.route_table)
+        self.notices = NoticeService(cfg, self.key, self.queue.put_nowait) if self.key else None
+        self._timer: asyncio.TimerHandle | None = None
+        self._stop = asyncio.Event()
+        self._server: asyncio.AbstractServer | None = None
+        self.started_ns = time.monotonic_ns()
+        self.events_handled = 0
+        self.tasks: dict[str, asyncio.Task] = {}
+
+    def _route_filter(self, dst: str, proto: int) -> bool:
+        return proto == self.cfg.daemon.route_protocol or dst in all_destinations(self.cfg)
+
+    # ------------------------------------------------------------------ actions
+
+    def _dispatch(self, actions) -> None:
+        for a in actions:
+            if isinstance(a, ApplyRoutes):
+                self.routes.submit(a)
+            elif isinstance(a, SendNotice):
+                if self.notices:
+                    self.notices.submit(a)
+            elif isinstance(a, SetTimer):
+                self._set_timer(a.at_ns)
+
+    def _set_timer(self, at_ns: int) -> None:
+        if self._timer:
+            self._timer.cancel()
+        delay = max(0.0, (at_ns - time.monotonic_ns()) / 1e9)
+        self._timer = asyncio.get_running_loop().call_later(delay, lambda: self.queue.put_nowait(Tick(time.monotonic_ns())))
+
+    async def _engine_loop(self) -> None:
+        while True:
+            ev = await self.queue.get()
+            try:
+                actions = self.engine.handle(ev, time.monotonic_ns())
+            except Exception:
+                log.exception("engine failed on %r; event dropped", type(ev).__name__)
+                continue
+            self.events_handled += 1
+            self._dispatch(actions)
+
+    # ------------------------------------------------------------------ control socket
+
+    def status(self) -> dict:
+        now = time.monotonic_ns()
+        st = {"schema": STATUS_SCHEMA, "pid": os.getpid(), "uptime_s": round((now - self.started_ns) / 1e9, 3), **self.engine.status(now)}
+        st["counters"] = {
+            "events_handled": self.events_handled,
+            "netlink_resyncs": self.monitor.resyncs,
+            "netlink_overruns": self.monitor.overruns,
+            "netlink_bad_messages": self.monitor.bad_messages,
+            "route_ops": self.routes.ops_total,
+            "route_errors": self.routes.errors_total,
+            **({f"notices_{k}": v for k, v in self.notices.counters.items()} if self.notices else {}),
+        }
+        return st
+
+    async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            line = await asyncio.wait_for(reader.readline(), 5)
+            try:
+                req = json.loads(line or b"{}")
+                cmd = req.get("cmd", "status") if isinstance(req, dict) else None
+            except json.JSONDecodeError:
+                cmd = None
+            if cmd == "status":
+                resp = self.status()
+            elif cmd == "history":
+                resp = {"schema": "linkpass.history/v1", "history": [h.to_json() for h in self.engine.history]}
+            else:
+                resp = {"error": "unknown request; send {\"cmd\": \"status\"} or {\"cmd\": \"history\"}"}
+            writer.write(json.dumps(resp).encode() + b"\n")
+            await writer.drain()
+        except (asyncio.TimeoutError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    async def _start_control(self) -> None:
+        path = Path(self.cfg.daemon.control_socket)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.exists() or path.is_socket():
+            path.unlink()
+        self._server = await asyncio.start_unix_server(self._client, path=str(path))
+        os.chmod(path, 0o660)
+
+    # ------------------------------------------------------------------ signals
+
+    def _reload(self) -> None:
+        try:
+            cfg = load_config(self.config_path)
+            key = read_key_file(cfg.daemon.notice_key_file) if cfg.daemon.notice_key_file else None
+        except ConfigError as e:
+            log.error("reload refused, keeping the running config: %s", e)
+            return
+        if cfg.daemon.control_socket != self.cfg.daemon.control_socket or cfg.daemon.notice_port != self.cfg.daemon.notice_port:
+            log.warning("control_socket and notice_port changes take effect only after a restart")
+        self.cfg = cfg
+        self.routes.proto, self.routes.table = cfg.daemon.route_protocol, cfg.daemon.route_table
+        if self.notices and key:
+            self.notices.reconfigure(cfg, key)
+        logging.getLogger("linkpass").setLevel(cfg.daemon.log_level.upper())
+        log.info("config reloaded from %s", self.config_path)
+        self._dispatch(self.engine.reconfigure(cfg, time.monotonic_ns()))
+
+    # ------------------------------------------------------------------ run
+
+    def _supervise(self, name: str, coro) -> None:
+        task = asyncio.create_task(coro, name=name)
+
+        def done(t: asyncio.Task) -> None:
+            if t.cancelled() or self._stop.is_set():
+                return
+            exc = t.exception()
+            log.error("task %s died (%s); stopping so the service manager restarts us", name, exc)
+            self._stop.set()
+
+        task.add_done_callback(done)
+        self.tasks[name] = task
+
+    async def run(self) -> int:
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGTERM, self._stop.set)
+        loop.add_signal_handler(signal.SIGINT, self._stop.set)
+        loop.add_signal_handler(signal.SIGHUP, self._reload)
+        await self._start_control()
+        if self.notices:
+            await self.notices.start()
+            self._supervise("notice-refresh", self.notices.refresh_loop())
+        self._supervise("engine", self._engine_loop())
+        self._supervise("routes", self.routes.run())
+        self._supervise("netlink", self.monitor.run())
+        log.info("linkpass daemon for host %s started (pid %d, %d rails, %d peers, control socket %s)",
+                 self.cfg.daemon.host, os.getpid(), len(self.cfg.rails), len(self.cfg.peers), self.cfg.daemon.control_socket)
+        await self._stop.wait()
+        log.info("stopping; routes are left in place")
+        for t in self.tasks.values():
+            t.cancel()
+        await asyncio.gather(*self.tasks.values(), return_exceptions=True)
+        if self.notices:
+            self.notices.close()
+        if self._server:
+            self._server.close()
+        try:
+            Path(self.cfg.daemon.control_socket).unlink()
+        except OSError:
+            pass
+        return 0
+
+
+def setup_logging(level: str) -> None:
+    logging.basicConfig(format="%(asctime)s %(name)s %(levelname)s %(message)s", level=level.upper())
+
+
+def run(config_path: str, log_level: str | None = None) -> int:
+    """Load the config and run the daemon until SIGTERM.  Returns the exit code.
+
+    Raises:
+        ConfigError: the config or the notice key file is invalid (the CLI prints it).
+    """
+    cfg = load_config(config_path)
+    setup_logging(log_level or cfg.daemon.log_level)
+    daemon = Daemon(config_path, cfg)
+    return asyncio.run(daemon.run())
+
+
+async def query(socket_path: str, cmd: str = "status", timeout: float = 5.0) -> dict:
+    """Ask a running daemon over its control socket.
+
+    Raises:
+        OSError: no daemon listens there.
+        asyncio.TimeoutError: it did not answer in ``timeout`` seconds.
+    """
+    reader, writer = await asyncio.wait_for(asyncio.open_unix_connection(socket_path), timeout)
+    try:
+        writer.write(json.dumps({"cmd": cmd}).encode() + b"\n")
+        await writer.drain()
+        line = await asyncio.wait_for(reader.readline(), timeout)
+        return json.loads(line)
+    finally:
+        writer.close()
