@@ -1,0 +1,113 @@
+"""The demo's training job: data-parallel SGD on a small MLP with torch.distributed (gloo, CPU).
+
+One process per host, started inside the host's network namespace by ``linkpass demo``::
+
+    python -m linkpass.demo_train --rank R --world-size W --master-addr 198.19.0.1 \
+        --iface lp0 --steps 300 --out /run/.../rank0.json
+
+Traffic is bound to the host IP: ``GLOO_SOCKET_IFNAME`` names the interface holding it, so
+gloo binds its sockets to that address and the kernel routes them over whatever rail the
+daemon's host-IP routes choose.  Everything is deterministic for a given ``--seed``: the
+initial weights, each rank's synthetic batch at each step, and the reduction (gradients are
+flattened into one tensor and all-reduced as a sum, then divided by the world size), so a run
+that survives a rail cut must end with bit-identical weights to a fault-free run.
+
+Output (``--out``), JSON: ``{"rank", "world_size", "steps", "steps_done", "step_ms": [...],
+"step_end_ns": [...], "errors": [...], "weights_sha256", "loss_first", "loss_last"}``.
+Progress (``--progress``): the number of finished steps, rewritten after each step.
+Exit status: 0 when every step finished, 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import hashlib
+import json
+import os
+import sys
+import time
+
+
+def _write(path: str, text: str) -> None:
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rank", type=int, required=True)
+    p.add_argument("--world-size", type=int, required=True)
+    p.add_argument("--master-addr", required=True)
+    p.add_argument("--master-port", type=int, default=29500)
+    p.add_argument("--iface", help="interface holding the host IP (sets GLOO_SOCKET_IFNAME)")
+    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--step-sleep-ms", type=float, default=10.0, help="pause per step (paces the run)")
+    p.add_argument("--progress", help="file to rewrite with the finished step count")
+    p.add_argument("--out", required=True)
+    p.add_argument("--timeout-s", type=float, default=60.0)
+    a = p.parse_args(argv)
+    if a.iface:
+        os.environ["GLOO_SOCKET_IFNAME"] = a.iface
+
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+    result = {"rank": a.rank, "world_size": a.world_size, "steps": a.steps, "steps_done": 0, "step_ms": [], "step_end_ns": [], "errors": []}
+    dist.init_process_group("gloo", init_method=f"tcp://{a.master_addr}:{a.master_port}", rank=a.rank,
+                            world_size=a.world_size, timeout=datetime.timedelta(seconds=a.timeout_s))
+    torch.manual_seed(a.seed)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    target_w = torch.randn(64, 10, generator=torch.Generator().manual_seed(a.seed + 1))
+    params = [q for q in model.parameters()]
+    try:
+        for step in range(a.steps):
+            t0 = time.monotonic_ns()
+            g = torch.Generator().manual_seed(a.seed * 100_003 + step * 131 + a.rank)
+            x = torch.randn(128, 64, generator=g)
+            y = (x @ target_w).argmax(dim=1)
+            opt.zero_grad(set_to_none=False)
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            flat = torch.cat([q.grad.reshape(-1) for q in params])
+            dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+            flat /= a.world_size
+            off = 0
+            for q in params:
+                n = q.numel()
+                q.grad.copy_(flat[off:off + n].view_as(q))
+                off += n
+            opt.step()
+            t1 = time.monotonic_ns()
+            result["step_ms"].append((t1 - t0) / 1e6)
+            result["step_end_ns"].append(t1)
+            result["steps_done"] = step + 1
+            if step == 0:
+                result["loss_first"] = loss.item()
+            result["loss_last"] = loss.item()
+            if a.progress:
+                _write(a.progress, str(step + 1))
+            if a.step_sleep_ms > 0:
+                time.sleep(a.step_sleep_ms / 1000)
+    except Exception as e:  # a failed collective ends the run; the demo reports steps lost
+        result["errors"].append(f"step {result['steps_done']}: {type(e).__name__}: {e}")
+    h = hashlib.sha256()
+    for q in params:
+        h.update(q.detach().contiguous().numpy().tobytes())
+    result["weights_sha256"] = h.hexdigest()
+    _write(a.out, json.dumps(result))
+    try:
+        dist.destroy_process_group()
+    except Exception:
+        pass
+    return 0 if result["steps_done"] == a.steps else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
