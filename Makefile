@@ -1,0 +1,46 @@
+# linkpass — `make demo` and `make test` work as root on a fresh Debian machine with Python 3.11.
+SHELL := /bin/bash
+PY ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+APT_PACKAGES := iproute2 nftables iputils-ping procps kmod
+STAMP_APT := $(VENV)/.apt-done
+STAMP_PY := $(VENV)/.py-done
+
+.PHONY: demo test install system-deps bench unit clean
+
+install: $(STAMP_PY)
+
+system-deps: $(STAMP_APT)
+
+$(STAMP_APT):
+	@if [ "$$(id -u)" != 0 ]; then echo "make: run as root (apt-get and network namespaces need it)"; exit 2; fi
+	@missing=""; for c in ip nft ping; do command -v $$c >/dev/null || missing=1; done; \
+	if [ -n "$$missing" ]; then \
+	  export DEBIAN_FRONTEND=noninteractive; apt-get update -qq && apt-get install -y -qq $(APT_PACKAGES) >/dev/null; \
+	fi
+	@command -v $(PY) >/dev/null || { export DEBIAN_FRONTEND=noninteractive; apt-get update -qq && apt-get install -y -qq python3 python3-venv >/dev/null; }
+	@mkdir -p $(VENV) && touch $@
+
+$(STAMP_PY): $(STAMP_APT) pyproject.toml
+	@command -v $(PY) >/dev/null || { echo "make: $(PY) not found"; exit 2; }
+	@[ -x $(BIN)/python ] || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip >/dev/null
+	$(BIN)/pip install -q -e '.[torch,test]'
+	@touch $@
+
+demo: install
+	$(BIN)/linkpass demo --hosts 2 --rails 2 --json demo-result.json
+
+test: install
+	$(BIN)/python -m pytest -q -p no:cacheprovider tests
+
+unit: install
+	$(BIN)/python -m pytest -q -p no:cacheprovider tests/unit
+
+bench: install
+	$(BIN)/python bench/detect_reroute.py --cuts 50 --json bench/results/detect_reroute.json
+	$(BIN)/python bench/daemon_footprint.py --json bench/results/daemon_footprint.json
+
+clean:
+	rm -rf $(VENV) *.egg-info demo-result.json
