@@ -289,6 +289,7 @@ class Engine:
             "mode": self.cfg.daemon.mode,
             "generation": self.generation,
             "applied_generation": self.applied_generation,
+            "hold_down_ms": self.cfg.daemon.hold_down_ms,
             "now_ns": now_ns,
             "rails": rails,
             "peers": peers,

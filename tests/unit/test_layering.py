@@ -1,0 +1,108 @@
+"""DESIGN.md rules 2 and 3: linkpass/core imports nothing with side effects, and no clock."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import linkpass
+
+CORE = Path(linkpass.__file__).resolve().parent / "core"
+
+FORBIDDEN = {
+    "asyncio",
+    "socket",
+    "pyroute2",
+    "torch",
+    "pynvml",
+    "pyverbs",
+    "aiomqtt",
+    "prometheus_client",
+    "subprocess",
+    "time",  # the clock is a parameter
+    "os",
+    # layering inside linkpass: the core never reaches out to the edges
+    "linkpass.adapters",
+    "linkpass.daemon",
+    "linkpass.fabric",
+    "linkpass.cli",
+}
+
+
+def imported_modules(tree: ast.AST) -> list[tuple[int, str]]:
+    """Every module an import statement (or a literal __import__/import_module call) names."""
+    out: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level == 0 and node.module:
+                out.append((node.lineno, node.module))
+                out += [(node.lineno, f"{node.module}.{a.name}") for a in node.names]
+            elif node.level:
+                out.append((node.lineno, "." * node.level + (node.module or "")))
+        elif isinstance(node, ast.Call):
+            fn = node.func
+            name = fn.id if isinstance(fn, ast.Name) else fn.attr if isinstance(fn, ast.Attribute) else ""
+            if name in ("__import__", "import_module") and node.args and isinstance(node.args[0], ast.Constant):
+                out.append((node.lineno, str(node.args[0].value)))
+    return out
+
+
+def violations(source: str, filename: str = "<src>") -> list[str]:
+    bad = []
+    for line, mod in imported_modules(ast.parse(source, filename)):
+        if mod.startswith("."):
+            bad.append(f"{filename}:{line}: relative import {mod!r} (use linkpass.core.*)")
+            continue
+        for f in FORBIDDEN:
+            if mod == f or mod.startswith(f + "."):
+                bad.append(f"{filename}:{line}: imports {mod}")
+    return bad
+
+
+def core_files() -> list[Path]:
+    files = sorted(CORE.glob("*.py"))
+    assert files, CORE
+    return files
+
+
+def test_core_modules_exist():
+    names = {p.name for p in core_files()}
+    assert {"health.py", "engine.py", "model.py", "planner.py", "reconcile.py", "notice.py"} <= names
+
+
+@pytest.mark.parametrize("path", core_files(), ids=lambda p: p.name)
+def test_core_module_imports_nothing_forbidden(path):
+    assert violations(path.read_text(encoding="utf-8"), path.name) == []
+
+
+@pytest.mark.parametrize(
+    "src",
+    [
+        "import time",
+        "import os.path",
+        "from os import environ",
+        "import asyncio as aio",
+        "from pyroute2 import IPRoute",
+        "from time import monotonic_ns",
+        "def f():\n    import subprocess",
+        "import importlib\nimportlib.import_module('socket')",
+        "__import__('torch')",
+        "from linkpass.adapters.netlink import X",
+        "from linkpass import daemon",
+        "from . import model",
+    ],
+)
+def test_checker_catches_forbidden_imports(src):
+    assert violations(src) != []
+
+
+@pytest.mark.parametrize(
+    "src",
+    ["import logging", "from linkpass.core.model import Tick", "import hashlib, hmac, struct", "from linkpass.config import Config", "import ostree_like_name", "import timeit_like"],
+)
+def test_checker_allows_pure_imports(src):
+    assert violations(src) == []
