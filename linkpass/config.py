@@ -74,7 +74,8 @@ class DaemonSection(_Strict):
     notice_port: int = Field(DEFAULT_NOTICE_PORT, ge=1, le=65535, description="UDP port for peer notices.")
     notice_key_file: str | None = Field(None, description="File (mode 0600) holding the shared HMAC key for peer notices.")
     notice_refresh_ms: int = Field(1000, ge=50, le=600_000, description="Period of the full-state notice sent to every peer.")
-    state_file: str | None = Field(None, description="Where to keep a JSON copy of the last status (optional).")
+    netlink_rcvbuf_bytes: int = Field(4 * 1024 * 1024, ge=4096, le=1 << 30, description="SO_RCVBUF of the netlink event socket; "
+                                      "an overflow (ENOBUFS) loses events and forces a resync from a dump.")
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
     @model_validator(mode="after")

@@ -51,7 +51,7 @@ class Daemon:
         self.key = read_key_file(cfg.daemon.notice_key_file) if cfg.daemon.notice_key_file else None
         if self.key is None:
             log.warning("no notice_key_file configured: peer notices are disabled")
-        self.monitor = NetlinkMonitor(self.queue.put_nowait, self._route_filter)
+        self.monitor = NetlinkMonitor(self.queue.put_nowait, self._route_filter, cfg.daemon.netlink_rcvbuf_bytes)
         self.routes = RouteActuator(self.queue.put_nowait, cfg.daemon.route_protocol, cfg.daemon.route_table)
         self.notices = NoticeService(cfg, self.key, self.queue.put_nowait) if self.key else None
         self._timer: asyncio.TimerHandle | None = None

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import logging
+import socket
 import time
 from collections.abc import Callable
 
@@ -67,8 +68,9 @@ class NetlinkMonitor:
         ifindex: last known ifindex -> netdev name map (used by the route actuator).
     """
 
-    def __init__(self, post: Callable[[Event], None], route_filter: Callable[[str, int], bool] | None = None):
+    def __init__(self, post: Callable[[Event], None], route_filter: Callable[[str, int], bool] | None = None, rcvbuf: int = RCVBUF):
         self.post = post
+        self.rcvbuf = rcvbuf
         self.route_filter = route_filter
         self.resyncs = 0
         self.overruns = 0
@@ -78,14 +80,12 @@ class NetlinkMonitor:
         self.ready = asyncio.Event()
 
     async def _subscribe(self) -> AsyncIPRoute:
-        ev = AsyncIPRoute(rcvsize=RCVBUF)
+        ev = AsyncIPRoute()
         await ev.bind(groups=RTMGRP_LINK | RTMGRP_IPV4_IFADDR | RTMGRP_IPV4_ROUTE)
         try:
-            import socket
-
-            ev.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RCVBUF)
-        except OSError:
-            pass
+            ev.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, self.rcvbuf)
+        except OSError as e:
+            log.warning("netlink: cannot set SO_RCVBUF to %d: %s", self.rcvbuf, e)
         return ev
 
     async def dump(self, reason: str) -> None:
@@ -154,22 +154,23 @@ class NetlinkMonitor:
                             log.warning("netlink: skipping undecodable message: %s", e)
             except asyncio.CancelledError:
                 raise
-            except NetlinkError as e:
-                if e.code == errno.ENOBUFS:
+            except (NetlinkError, OSError) as e:
+                # pyroute2 surfaces an overrun as OSError(ENOBUFS) from the transport, or as
+                # NetlinkError with code ENOBUFS when it arrives inside a message
+                code = e.code if isinstance(e, NetlinkError) else e.errno
+                if code == errno.ENOBUFS:
                     self.overruns += 1
                     log.warning("netlink: overrun (ENOBUFS), events were lost; resyncing from a dump")
                     reason = "overrun"
                 else:
-                    log.warning("netlink: error %s; reconnecting", e)
+                    log.warning("netlink: error %s; reconnecting and resyncing", e)
                     reason = "reconnect"
-            except OSError as e:
-                log.warning("netlink: socket error %s; reconnecting", e)
-                reason = "reconnect"
             finally:
                 if ev is not None:
                     try:
                         ev.close()
                     except Exception:
                         pass
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, 2.0)
+            if reason != "overrun":
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 2.0)

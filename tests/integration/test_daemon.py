@@ -279,3 +279,35 @@ def test_world_readable_key_is_refused(tmp_path):
 def test_status_without_daemon_is_clear(tmp_path):
     p = subprocess.run([sys.executable, "-m", "linkpass.cli", "status", "--socket", str(tmp_path / "none.sock")], capture_output=True, text=True, timeout=30)
     assert p.returncode == 3 and "no daemon answers" in p.stderr and "Traceback" not in p.stderr
+
+
+@pytest.fixture
+def small_buffer_cluster(tmp_path):
+    c = Cluster(hosts=2, rails=2, hold_down_ms=300, tmp=tmp_path)
+    try:
+        cfg = c.host(0)["config"]
+        text = open(cfg).read()
+        assert "hold_down_ms = 300" in text
+        open(cfg, "w").write(text.replace("hold_down_ms = 300", "hold_down_ms = 300\nnetlink_rcvbuf_bytes = 16384"))
+        c.start_all()
+        yield c
+    finally:
+        c.close()
+
+
+def test_netlink_overrun_resyncs_from_a_dump(small_buffer_cluster):
+    """Freeze the daemon, flood its netlink socket past its buffer, cut a rail, thaw it:
+    the kernel reports ENOBUFS, events are lost, and the daemon must still see the cut."""
+    c = small_buffer_cluster
+    pid = c.procs[0].pid
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        batch = "".join(f"link set dev lp0-peer {'down' if k % 2 == 0 else 'up'}\n" for k in range(400)) + "link set dev lp0-peer up\n"
+        subprocess.run(["ip", "-n", c.ns(0), "-batch", "-"], input=batch, text=True, check=True, capture_output=True)
+        fab.cut(c.name, 0, 0, "carrier-loss")
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    wait_for(lambda: c.route_rails(0, 1) == [1], what="reroute after resync")
+    st = c.status(0)
+    assert st["counters"]["netlink_overruns"] >= 1 and st["counters"]["netlink_resyncs"] >= 1
+    assert next(r for r in st["rails"] if r["id"] == 0)["state"] == "DOWN"
