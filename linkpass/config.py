@@ -31,17 +31,29 @@ Example (what ``linkpass fabric up`` writes for host 0 of a two-host, two-rail f
 from __future__ import annotations
 
 import ipaddress
+import re
+import stat
 import tomllib
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictInt, ValidationError, field_validator, model_validator
 
 #: Routing protocol number that tags every route linkpass installs (``ip route ... proto 201``).
 #: Linux reserves 0-4 for the kernel; iproute2's rt_protos names numbers up to 192; 201 is unnamed.
 DEFAULT_ROUTE_PROTOCOL = 201
 DEFAULT_CONTROL_SOCKET = "/run/linkpass/linkpass.sock"
 DEFAULT_NOTICE_PORT = 7471
+
+
+def _ip_from_text(v: object) -> object:
+    if not isinstance(v, str):
+        raise ValueError(f"must be an IPv4 address in quotes, got {type(v).__name__} {v!r}")
+    return v
+
+
+#: An IPv4 address written as a TOML string ("198.18.0.1"); numbers are refused, not converted.
+IPv4 = Annotated[ipaddress.IPv4Address, BeforeValidator(_ip_from_text)]
 
 
 class ConfigError(Exception):
@@ -65,44 +77,44 @@ class DaemonSection(_Strict):
         "per-rail-ip: each rail has its own subnet; a failed rail's peer addresses are carried "
         "by /32 routes over a healthy rail.",
     )
-    host_ip: ipaddress.IPv4Address | None = Field(None, description="Host IP (required in host-ip mode).")
+    host_ip: IPv4 | None = Field(None, description="Host IP (required in host-ip mode).")
     control_socket: str = Field(DEFAULT_CONTROL_SOCKET, description="Unix socket for `linkpass status`.")
-    route_protocol: int = Field(DEFAULT_ROUTE_PROTOCOL, ge=5, le=255, description="rtm_protocol tag of our routes.")
-    route_table: int = Field(254, ge=1, le=2**31 - 1, description="Routing table for our routes (254 = main).")
-    route_metric: int = Field(0, ge=0, le=2**32 - 1, description="Metric (priority) of our routes.")
-    hold_down_ms: int = Field(2000, ge=0, le=3_600_000, description="A rail that comes back is used again only after staying up this long.")
-    notice_port: int = Field(DEFAULT_NOTICE_PORT, ge=1, le=65535, description="UDP port for peer notices.")
+    route_protocol: StrictInt = Field(DEFAULT_ROUTE_PROTOCOL, ge=5, le=255, description="rtm_protocol tag of our routes.")
+    route_table: StrictInt = Field(254, ge=1, le=2**31 - 1, description="Routing table for our routes (254 = main).")
+    route_metric: StrictInt = Field(0, ge=0, le=2**32 - 1, description="Metric (priority) of our routes.")
+    hold_down_ms: StrictInt = Field(2000, ge=0, le=3_600_000, description="A rail that comes back is used again only after staying up this long.")
+    notice_port: StrictInt = Field(DEFAULT_NOTICE_PORT, ge=1, le=65535, description="UDP port for peer notices.")
     notice_key_file: str | None = Field(None, description="File (mode 0600) holding the shared HMAC key for peer notices.")
-    notice_refresh_ms: int = Field(1000, ge=50, le=600_000, description="Period of the full-state notice sent to every peer.")
-    netlink_rcvbuf_bytes: int = Field(4 * 1024 * 1024, ge=4096, le=1 << 30, description="SO_RCVBUF of the netlink event socket; "
+    notice_refresh_ms: StrictInt = Field(1000, ge=50, le=600_000, description="Period of the full-state notice sent to every peer.")
+    netlink_rcvbuf_bytes: StrictInt = Field(4 * 1024 * 1024, ge=4096, le=1 << 30, description="SO_RCVBUF of the netlink event socket; "
                                       "an overflow (ENOBUFS) loses events and forces a resync from a dump.")
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
     @model_validator(mode="after")
     def _host_ip_for_mode(self) -> "DaemonSection":
         if self.mode == "host-ip" and self.host_ip is None:
-            raise ValueError("host_ip is required when mode = \"host-ip\"")
+            raise ValueError("host_ip: required when mode = \"host-ip\"")
         return self
 
 
 class RailSection(_Strict):
     """One ``[[rails]]`` entry: a rail id and the netdev that serves it on this host."""
 
-    id: int = Field(ge=0, le=65535)
+    id: StrictInt = Field(ge=0, le=65535)
     netdev: str = Field(min_length=1, max_length=15)
-    address: ipaddress.IPv4Address | None = Field(None, description="This host's address on the rail (per-rail-ip mode).")
+    address: IPv4 | None = Field(None, description="This host's address on the rail (per-rail-ip mode).")
 
 
 class PeerSection(_Strict):
     """One ``[[peers]]`` entry: another host of the job and its addresses."""
 
     name: str = Field(min_length=1, max_length=64)
-    host_ip: ipaddress.IPv4Address | None = None
-    rail_ips: dict[int, ipaddress.IPv4Address] = Field(description="Rail id -> the peer's address on that rail.")
+    host_ip: IPv4 | None = None
+    rail_ips: dict[int, IPv4] = Field(description="Rail id -> the peer's address on that rail.")
 
     @field_validator("rail_ips")
     @classmethod
-    def _non_empty(cls, v: dict[int, ipaddress.IPv4Address]) -> dict[int, ipaddress.IPv4Address]:
+    def _non_empty(cls, v: dict[int, IPv4]) -> dict[int, IPv4]:
         if not v:
             raise ValueError("must name the peer's address on at least one rail")
         return v
@@ -172,10 +184,16 @@ def parse_config(text: str, source: str = "<config>") -> Config:
         return Config.model_validate(raw)
     except ValidationError as e:
         first = e.errors()[0]
-        field = _loc(tuple(first.get("loc", ()))) or "(top level)"
+        field = _loc(tuple(first.get("loc", ())))
         msg = first.get("msg", "invalid")
         if msg.startswith("Value error, "):
             msg = msg[len("Value error, "):]
+            # cross-field checks name their field at the start of the message: "rails[1].address: ..."
+            m = re.match(r"^([A-Za-z_][\w.\[\]]*): (.*)$", msg)
+            if m:
+                field = f"{field}.{m.group(1)}" if field else m.group(1)
+                msg = m.group(2)
+        field = field or "(top level)"
         more = f" (and {e.error_count() - 1} more problem(s))" if e.error_count() > 1 else ""
         raise ConfigError(f"{source}: {field}: {msg}{more}") from None
 
@@ -219,6 +237,8 @@ def read_key_file(path: str | Path) -> bytes:
         raise ConfigError(f"{p}: notice key file does not exist") from None
     except OSError as e:
         raise ConfigError(f"{p}: cannot stat notice key file: {e.strerror}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise ConfigError(f"{p}: notice key file is not a regular file")
     if st.st_mode & 0o077:
         raise ConfigError(f"{p}: notice key file has mode {st.st_mode & 0o777:04o}; it must be 0600 (no group/other access)")
     try:

@@ -83,6 +83,9 @@ class Engine:
         new: dict[int, RailHealth] = {}
         for r in cfg.rails:
             h = self.rails.get(r.id) or RailHealth(r.id, hold_ns)
+            if h.hold_until_ns is not None and h.hold_down_ns != hold_ns:
+                h.hold_until_ns = h.since_ns + hold_ns  # a rail in hold-down follows the new hold-down
+                self._timer_at = None
             h.hold_down_ns = hold_ns
             new[r.id] = h
         self.rails = new
@@ -148,7 +151,16 @@ class Engine:
                     log.warning(msg)
         for rid in sorted(self.rails):
             self._eval_rail(rid, ev.t_ns, now_ns)
-        return self._replan(now_ns, f"link dump ({ev.reason})", force=first)
+        if first:
+            return self._replan(now_ns, f"link dump ({ev.reason})", force=True)
+        # a resync (overrun/reconnect): route events may have been lost too, so the actuator
+        # must re-read the kernel even when the plan did not change
+        self._resync_routes = True
+        actions = self._replan(now_ns, f"link dump ({ev.reason})")
+        if not any(isinstance(a, ApplyRoutes) for a in actions) and self.plan is not None:
+            actions.insert(0, ApplyRoutes(self.generation, self.plan.routes, self.plan.keep_dsts, f"resync ({ev.reason})", resync=True))
+            self._resync_routes = False
+        return actions
 
     def _on_link(self, ev: LinkChanged, now_ns: int) -> list[Action]:
         self.links[ev.facts.netdev] = ev.facts
@@ -164,7 +176,7 @@ class Engine:
             t = self.rails[rid].on_tick(now_ns)
             if t:
                 self._record_transition(t, now_ns)
-        self._resync_routes = True  # failback is not latency-critical: re-read the kernel
+                self._resync_routes = True  # failback is not latency-critical: re-read the kernel
         return self._replan(now_ns, "hold-down expired")
 
     def _on_drain(self, ev: Drain, now_ns: int) -> list[Action]:
@@ -202,8 +214,8 @@ class Engine:
         ours = ev.proto == self.cfg.daemon.route_protocol
         if self.plan is None or ev.dst not in self._dsts:
             return []
-        if ours and not ev.deleted:
-            return []  # our own change echoed back
+        if ours and (not ev.deleted or ev.dst not in {r.dst for r in self.plan.routes}):
+            return []  # our own change echoed back (a replacement, or our deletion of a stale route)
         # someone removed one of our routes, or put a route on one of our destinations
         self._record("route_disturbed", now_ns, {"dst": ev.dst, "proto": ev.proto, "deleted": ev.deleted})
         return [ApplyRoutes(self.generation, self.plan.routes, self.plan.keep_dsts, f"route to {ev.dst} changed outside linkpass", resync=True)]
@@ -232,6 +244,8 @@ class Engine:
         return frozenset(rid for rid, h in self.rails.items() if h.usable)
 
     def _replan(self, now_ns: int, reason: str, force: bool = False) -> list[Action]:
+        if not self.synced:
+            return []  # no plan (and no notice) before the first link dump: we know nothing yet
         actions: list[Action] = []
         plan = plan_routes(self.cfg, self.local_usable(), self.peer_usable)
         prev_usable = None if self.plan is None else self._plan_usable

@@ -134,7 +134,10 @@ class RailHealth:
         if self.state != RailState.DRAINED:
             return None
         if self.link_ok:
-            return self.set_state(RailState.HOLD_DOWN, now_ns, "undrained, holding down")
+            t = self.set_state(RailState.HOLD_DOWN, now_ns, "undrained, holding down")
+            if self.hold_down_ns == 0:
+                return self.set_state(RailState.UP, now_ns, "hold-down is 0 ms")
+            return t
         return self.set_state(RailState.DOWN, now_ns, "undrained, link down")
 
     def next_deadline(self) -> int | None:

@@ -73,6 +73,12 @@ def encode(notice: Notice, key: bytes) -> bytes:
         raise ValueError(f"sender name must be 1..{MAX_NAME} bytes, got {len(name)}")
     if len(notice.rails) > MAX_RAILS:
         raise ValueError(f"at most {MAX_RAILS} rails per notice, got {len(notice.rails)}")
+    for what, v in (("seq", notice.seq), ("generation", notice.generation)):
+        if not 0 <= v < 2**64:
+            raise ValueError(f"{what} {v} does not fit an unsigned 64-bit field")
+    bad = [r for r in notice.rails if not 0 <= r <= 0xFFFF]
+    if bad:
+        raise ValueError(f"rail ids {bad} do not fit 16 bits")
     body = bytearray(MAGIC)
     body += struct.pack("!BB", 0, len(name)) + name
     body += struct.pack("!QQB", notice.seq, notice.generation, len(notice.rails))

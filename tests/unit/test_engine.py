@@ -122,12 +122,6 @@ EARLY_EVENTS = {
 }
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: before the first LinkSnapshot the engine plans on no link information: it emits "
-    "ApplyRoutes(routes=()) and an urgent SendNotice(usable=frozenset()) telling every peer that "
-    "none of our rails work",
-)
 @pytest.mark.parametrize("kind", list(EARLY_EVENTS))
 def test_no_plan_and_no_notice_before_the_first_snapshot(kind):
     eng = Engine(make_cfg())
@@ -314,11 +308,6 @@ def test_failback_after_hold_down_asks_for_resync():
     assert ap.resync is True
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: engine._on_tick sets _resync_routes=True even when the Tick changes nothing; "
-    "the flag then leaks into the next (latency-critical) failover plan",
-)
 def test_noop_tick_does_not_make_the_next_failover_resync():
     eng, _ = started(rails=(0, 1, 2))
     eng.handle(link(carrier_lost("rail0"), S), S)
@@ -486,11 +475,6 @@ def test_route_change_before_any_plan_is_ignored():
     assert eng.handle(RouteChanged("198.19.0.2/32", proto=4, table=254, deleted=False, t_ns=S), S) == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: engine._on_route_changed treats the echo of our own RTM_DELROUTE (a stale route "
-    "the actuator just deleted) as a disturbance and asks for a full resync",
-)
 def test_echo_of_our_own_deletion_of_a_stale_route_is_ignored():
     eng, _ = started(mode="per-rail-ip", rails=(0, 1))
     eng.handle(link(carrier_lost("rail1"), S), S)  # /32 for 198.18.1.2 via rail0
@@ -619,12 +603,6 @@ def test_resync_dump_with_a_change_replans():
     assert "overrun" in ap.reason
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: a LinkSnapshot after a netlink overrun/reconnect with unchanged links returns []; "
-    "route events lost in the overrun are never re-read (the actuator keeps its cached picture "
-    "unless ApplyRoutes.resync is set), against DESIGN rule 7",
-)
 def test_resync_dump_after_overrun_asks_the_actuator_to_reread_routes():
     cfg = make_cfg(rails=(0, 1))
     eng = Engine(cfg)

@@ -86,11 +86,6 @@ def test_encode_rejects_bad_notices(notice):
         encode(notice, KEY)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: notice.encode lets struct.error (not a ValueError) escape for seq/generation/rail "
-    "id out of range, contrary to its docstring",
-)
 @pytest.mark.parametrize(
     "notice",
     [Notice("a", -1, 1, {}), Notice("a", 2**64, 1, {}), Notice("a", 1, -5, {}), Notice("a", 1, 1, {70000: True})],
