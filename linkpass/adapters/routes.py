@@ -104,47 +104,70 @@ class RouteActuator:
                 pass
             self._sock = None
 
-    async def reconcile(self, plan: ApplyRoutes, full: bool = False) -> RoutesApplied:
-        """One pass: diff against the kernel, apply replacements first, then deletions.
-
-        The kernel is dumped on the first pass, when ``full`` is set (a route of ours was
-        disturbed from outside) and after any failed operation; otherwise the result of the
-        previous pass is the observed picture (our own changes are the only ones to our
-        routes that do not raise a RouteChanged event).
-        """
+    async def _apply(self, ipr: AsyncIPRoute, ops, have: dict, errors: list[str]) -> tuple[int, int, int | None]:
+        """Apply ``ops`` in order; update ``have`` (key -> route).  Returns (replaced, deleted,
+        monotonic ns after the last replacement or None)."""
         replaced = deleted = 0
-        errors: list[str] = []
-        ipr = await self._ipr()
-        if full or self._cache is None:
-            self._cache = await self.observed(ipr)
-        observed = self._cache
-        d = diff(plan.routes, observed, self.proto, plan.keep_dsts)
-        now_have = {r.key: r for r in observed}
-        for op in d.ops:
+        t_last = None
+        for op in ops:
             r = op.route
             try:
                 if op.op == "replace":
                     await ipr.route("replace", **(await self._kwargs(ipr, r)))
                     replaced += 1
-                    now_have[r.key] = r
+                    have[r.key] = r
+                    t_last = time.monotonic_ns()
                 else:
                     await ipr.route("del", dst=r.dst, table=r.table, priority=r.metric, proto=r.proto)
                     deleted += 1
-                    now_have.pop(r.key, None)
+                    have.pop(r.key, None)
                 log.info("route %s", op.describe())
             except (NetlinkError, OSError, KeyError, ValueError) as e:
                 errors.append(f"{op.op} {r.dst}: {e}")
                 log.error("route %s failed: %s", op.describe(), e)
+        return replaced, deleted, t_last
+
+    async def reconcile(self, plan: ApplyRoutes, full: bool = False) -> RoutesApplied:
+        """One pass: diff against the kernel, apply replacements first, then deletions.
+
+        The kernel is dumped on the first pass, when ``full`` is set (something outside the
+        actuator may have changed our routes: a netdev went down, a netlink overrun) and after
+        any failed operation; otherwise the result of the previous pass is the observed
+        picture.  With ``full`` and a cached picture, the plan's replacements go in first
+        (replace is idempotent, so a stale cache cannot make them wrong) and the dump only
+        follows, to catch routes the kernel flushed and stale ones to delete: the reroute is
+        not delayed by the dump.
+
+        ``RoutesApplied.t_ns`` is when the wanted routes were in the kernel (the ACK of the
+        last replacement; the end of the pass if nothing needed replacing).
+        """
+        errors: list[str] = []
+        ipr = await self._ipr()
+        replaced = deleted = 0
+        t_in = None
+        if full and self._cache is not None:
+            early = diff(plan.routes, self._cache, self.proto, plan.keep_dsts)
+            have = {r.key: r for r in self._cache}
+            rep, _, t_in = await self._apply(ipr, [op for op in early.ops if op.op == "replace"], have, errors)
+            replaced += rep
+            self._cache = None
+        if self._cache is None:
+            self._cache = await self.observed(ipr)
+        d = diff(plan.routes, self._cache, self.proto, plan.keep_dsts)
+        have = {r.key: r for r in self._cache}
+        rep, dele, t_last = await self._apply(ipr, d.ops, have, errors)
+        replaced += rep
+        deleted += dele
+        t_in = t_last or t_in or time.monotonic_ns()
         for c in d.conflicts:
             log.warning("route conflict: %s", c)
-        t = time.monotonic_ns()
         if errors:
             self._drop_caches()
         else:
-            self._cache = list(now_have.values())
+            self._cache = list(have.values())
         self.ops_total += replaced + deleted
         self.errors_total += len(errors)
-        return RoutesApplied(plan.generation, t, replaced, deleted, tuple(errors), d.conflicts)
+        return RoutesApplied(plan.generation, t_in, replaced, deleted, tuple(errors), d.conflicts)
 
     async def _ifindex(self, ipr: AsyncIPRoute, netdev: str) -> int:
         i = self._idx.get(netdev)

@@ -1,0 +1,283 @@
+"""Shared helpers of the benchmarks: an emulated fabric with one real daemon per host, the
+daemons' control socket, and per-process CPU / memory figures from ``/proc``.
+
+Not a test helper: nothing here asserts timings.  Everything is torn down by
+:meth:`BenchCluster.close` (call it in ``finally``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from linkpass import fabric as fab
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+PAGE_KB = os.sysconf("SC_PAGE_SIZE") // 1024
+
+#: Figures the product aims at (DESIGN/issue targets), printed next to what was measured.
+TARGETS = {
+    "rss_mb": 80.0,
+    "idle_cpu_pct": 0.5,
+    "detect_p99_ms": 2.0,
+    "reroute_p99_ms": 5.0,
+}
+
+_LOG_PROBLEM = re.compile(r"\b(WARNING|ERROR|CRITICAL)\b|Traceback")
+
+
+class BenchError(Exception):
+    """The benchmark could not run (fabric, daemon start); the message says which."""
+
+
+# --------------------------------------------------------------------------- /proc
+
+
+def proc_cpu(pid: int) -> dict:
+    """CPU time used by process ``pid`` so far (all threads).
+
+    Returns ``{"stat_ns": utime+stime from /proc/PID/stat (clock-tick resolution),
+    "sched_ns": sum of every thread's on-CPU time from /proc/PID/task/*/schedstat (ns
+    resolution; None where schedstat is not available)}``.
+    """
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        fields = f.read().rsplit(b")", 1)[1].split()
+    # fields[0] is field 3 (state); utime is field 14, stime field 15
+    ticks = int(fields[11]) + int(fields[12])
+    sched = 0
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                    sched += int(f.read().split()[0])
+            except (FileNotFoundError, ProcessLookupError):
+                pass  # thread ended between listdir and open
+    except FileNotFoundError:
+        sched = None
+    return {"stat_ns": ticks * 1_000_000_000 // CLK_TCK, "sched_ns": sched}
+
+
+def proc_mem(pid: int) -> dict:
+    """``{"vmrss_kb", "vmhwm_kb", "threads"}`` of process ``pid`` from /proc/PID/status."""
+    out = {}
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            k, _, v = line.partition(":")
+            if k == "VmRSS":
+                out["vmrss_kb"] = int(v.split()[0])
+            elif k == "VmHWM":
+                out["vmhwm_kb"] = int(v.split()[0])
+            elif k == "Threads":
+                out["threads"] = int(v.split()[0])
+    return out
+
+
+def proc_cmdline(pid: int) -> list[str]:
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        return [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
+
+
+def machine_info() -> dict:
+    model = None
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return {
+        "cpus": os.cpu_count(),
+        "cpus_usable": len(os.sched_getaffinity(0)),
+        "cpu_model": model,
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "loadavg_at_start": list(os.getloadavg()),
+    }
+
+
+# --------------------------------------------------------------------------- stats
+
+
+def quantile(values: list[float], q: float) -> float | None:
+    """Linear-interpolated quantile (numpy's default), None for no values."""
+    if not values:
+        return None
+    v = sorted(values)
+    pos = (len(v) - 1) * q
+    lo = int(pos)
+    hi = min(lo + 1, len(v) - 1)
+    return v[lo] + (v[hi] - v[lo]) * (pos - lo)
+
+
+def summary(values: list[float]) -> dict:
+    """``{"n", "p50", "p99", "max", "min", "mean"}`` in the values' unit, rounded to µs."""
+    if not values:
+        return {"n": 0, "p50": None, "p99": None, "max": None, "min": None, "mean": None}
+
+    def r(x):
+        return round(x, 3)
+
+    return {"n": len(values), "p50": r(quantile(values, 0.5)), "p99": r(quantile(values, 0.99)),
+            "max": r(max(values)), "min": r(min(values)), "mean": r(sum(values) / len(values))}
+
+
+# --------------------------------------------------------------------------- cluster
+
+
+class BenchCluster:
+    """A fabric ``name`` (hosts x rails) with one linkpass daemon per host.
+
+    Args:
+        hosts, rails, hold_down_ms: fabric shape and the daemons' hold-down.
+        name: fabric name (``bn...`` for the benchmarks).
+        workdir: where the daemon logs go (a fresh temp dir by default).
+        daemon_argv: what follows the python interpreter to start a daemon, before
+            ``run --config FILE`` (default ``-m linkpass.cli``; a diagnostic wrapper can go here).
+    """
+
+    def __init__(self, hosts: int, rails: int, name: str, hold_down_ms: int, workdir: Path | None = None,
+                 daemon_argv: list[str] | None = None):
+        self.hosts, self.rails, self.name, self.hold_down_ms = hosts, rails, name, hold_down_ms
+        self.workdir = workdir or Path(tempfile.mkdtemp(prefix=f"linkpass-bench-{name}-"))
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.desc: dict | None = None
+        self.procs: list[subprocess.Popen] = []
+        self.pids: list[int] = []
+        self.logs: list[Path] = []
+        self.queries = 0
+        self.pid_check: list[str] = []
+        self.daemon_argv = daemon_argv or ["-m", "linkpass.cli"]
+
+    # ---------------------------------------------------------------- control socket
+
+    def ask(self, host: int, cmd: str = "status", timeout: float = 3.0) -> dict:
+        """One request on host ``host``'s control socket.
+
+        A plain blocking client rather than :func:`linkpass.daemon.query`: that one reads
+        the answer with asyncio's default 64 KiB line limit, which a full ``history`` answer
+        (up to 2000 entries, ~300 KB) exceeds.
+        """
+        path = self.desc["hosts"][host]["control_socket"]
+        self.queries += 1
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(timeout)
+            s.connect(path)
+            s.sendall(json.dumps({"cmd": cmd}).encode() + b"\n")
+            buf = bytearray()
+            while not buf.endswith(b"\n"):
+                chunk = s.recv(1 << 20)
+                if not chunk:
+                    break
+                buf += chunk
+        return json.loads(buf)
+
+    # ---------------------------------------------------------------- life cycle
+
+    def start(self, ready_timeout: float = 30.0) -> None:
+        """Build the fabric, start the daemons, wait until each has applied a plan and
+        heard from every peer; resolve the daemons' pids."""
+        try:
+            self.desc = fab.up(self.hosts, self.rails, self.name, hold_down_ms=self.hold_down_ms)
+        except fab.FabricError as e:
+            raise BenchError(f"fabric: {e}") from None
+        for h in self.desc["hosts"]:
+            log = self.workdir / f"daemon-{h['name']}.log"
+            self.logs.append(log)
+            with open(log, "w") as logf:
+                self.procs.append(subprocess.Popen(
+                    fab.netns_exec(self.name, h["index"]) + [sys.executable, *self.daemon_argv, "run", "--config", h["config"]],
+                    stdout=logf, stderr=subprocess.STDOUT, start_new_session=True))
+        deadline = time.monotonic() + ready_timeout
+        statuses = []
+        for h in self.desc["hosts"]:
+            while True:
+                dead = [p for p in self.procs if p.poll() is not None]
+                if dead:
+                    raise BenchError(f"a daemon exited at start (rc {dead[0].returncode}); see {self.workdir}/daemon-*.log")
+                try:
+                    st = self.ask(h["index"])
+                    if st["applied_generation"] >= 1 and all(p["usable_rails"] is not None for p in st["peers"]):
+                        statuses.append(st)
+                        break
+                except (OSError, ValueError, KeyError):
+                    pass
+                if time.monotonic() > deadline:
+                    raise BenchError(f"daemon on {h['name']} not ready in {ready_timeout:.0f} s; see {self.workdir}/daemon-{h['name']}.log")
+                time.sleep(0.05)
+        # `ip netns exec NS cmd` execs cmd after setns(), so the Popen pid should be the python
+        # daemon itself; check that against its cmdline and the pid it reports.
+        for p, st in zip(self.procs, statuses):
+            argv = proc_cmdline(p.pid)
+            is_daemon = bool(argv) and "python" in os.path.basename(argv[0]) and argv[1:1 + len(self.daemon_argv)] == self.daemon_argv
+            if is_daemon and st.get("pid") == p.pid:
+                self.pids.append(p.pid)
+                self.pid_check.append(f"pid {p.pid}: Popen pid is the python daemon (cmdline and status agree)")
+            else:
+                self.pids.append(int(st["pid"]))
+                self.pid_check.append(f"Popen pid {p.pid} ({' '.join(argv[:3])}) is not the daemon; using status pid {st['pid']}")
+
+    def close(self) -> None:
+        """Stop the daemons (SIGTERM, then SIGKILL) and remove the fabric."""
+        for p in self.procs:
+            if p.poll() is None:
+                try:
+                    os.killpg(p.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+        for p in self.procs:
+            try:
+                p.wait(5)
+            except subprocess.TimeoutExpired:
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                p.wait(5)
+        try:
+            fab.down(self.name)
+        except fab.FabricError as e:
+            print(f"warning: fabric teardown: {e}", file=sys.stderr)
+
+    def exit_codes(self) -> list[int | None]:
+        return [p.poll() for p in self.procs]
+
+    def log_problems(self, limit: int = 50) -> list[str]:
+        """Lines of the daemon logs that say WARNING/ERROR/CRITICAL or carry a traceback."""
+        out = []
+        for path in self.logs:
+            try:
+                lines = path.read_text(errors="replace").splitlines()
+            except OSError:
+                continue
+            for line in lines:
+                if _LOG_PROBLEM.search(line):
+                    out.append(f"{path.name}: {line}")
+        return out[:limit] + ([f"... {len(out) - limit} more"] if len(out) > limit else [])
+
+
+def install_sigterm() -> None:
+    """Turn SIGTERM into KeyboardInterrupt so ``finally`` blocks tear the fabric down."""
+
+    def on_term(signum, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_term)
+
+
+def write_json(path: str, data: dict) -> None:
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_suffix(p.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    os.replace(tmp, p)
