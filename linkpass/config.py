@@ -88,6 +88,9 @@ class DaemonSection(_Strict):
     notice_refresh_ms: StrictInt = Field(1000, ge=50, le=600_000, description="Period of the full-state notice sent to every peer.")
     netlink_rcvbuf_bytes: StrictInt = Field(4 * 1024 * 1024, ge=4096, le=1 << 30, description="SO_RCVBUF of the netlink event socket; "
                                       "an overflow (ENOBUFS) loses events and forces a resync from a dump.")
+    ignore_routes_with_linkdown: bool = Field(True, description="Set net.ipv4.conf.<rail>.ignore_routes_with_linkdown=1 "
+                                              "on every rail netdev, so the kernel itself stops choosing a nexthop "
+                                              "whose carrier is gone in the milliseconds before linkpass replaces the routes.")
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
     @model_validator(mode="after")

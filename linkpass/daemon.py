@@ -140,6 +140,12 @@ class Daemon:
         self._server = await asyncio.start_unix_server(self._client, path=str(path))
         os.chmod(path, 0o660)
 
+    def _tune_rails(self) -> None:
+        if self.cfg.daemon.ignore_routes_with_linkdown:
+            missing = self.routes.ignore_linkdown([r.netdev for r in self.cfg.rails])
+            if missing:
+                log.warning("could not set ignore_routes_with_linkdown on %s (netdev absent?)", ", ".join(missing))
+
     # ------------------------------------------------------------------ signals
 
     def _reload(self) -> None:
@@ -156,6 +162,7 @@ class Daemon:
         if self.notices and key:
             self.notices.reconfigure(cfg, key)
         logging.getLogger("linkpass").setLevel(cfg.daemon.log_level.upper())
+        self._tune_rails()
         log.info("config reloaded from %s", self.config_path)
         self._dispatch(self.engine.reconfigure(cfg, time.monotonic_ns()))
 
@@ -180,6 +187,7 @@ class Daemon:
         loop.add_signal_handler(signal.SIGINT, self._stop.set)
         loop.add_signal_handler(signal.SIGHUP, self._reload)
         await self._start_control()
+        self._tune_rails()
         if self.notices:
             await self.notices.start()
             self._supervise("notice-refresh", self.notices.refresh_loop())

@@ -258,7 +258,10 @@ class Engine:
             for n in plan.notes:
                 log.warning("%s", n)
             self._record("plan", now_ns, {"generation": self.generation, "reason": reason, "usable": sorted(usable), "routes": len(plan.routes)})
-            actions.append(ApplyRoutes(self.generation, plan.routes, plan.keep_dsts, reason, resync=self._resync_routes))
+            lost = sorted((prev_usable or frozenset()) - usable)
+            netdevs = {r.id: r.netdev for r in self.cfg.rails}
+            purge = tuple(netdevs[r] for r in lost if r in netdevs)
+            actions.append(ApplyRoutes(self.generation, plan.routes, plan.keep_dsts, reason, resync=self._resync_routes, purge_neighbors=purge))
             self._resync_routes = False
             if prev_usable is None or usable != prev_usable or force:
                 actions.append(SendNotice(self.generation, usable, urgent=True))

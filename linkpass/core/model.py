@@ -215,6 +215,13 @@ class ApplyRoutes:
         reason: why this plan exists (for logs).
         resync: re-read the kernel's routes before diffing (something outside linkpass
             changed them).
+        purge_neighbors: netdevs of rails that just became unusable: after the new routes are
+            in, their neighbour entries are deleted.  A packet sent between the carrier loss and
+            our route change sits in an INCOMPLETE neighbour's queue on the dead rail, where
+            ARP can never resolve (3 s with default ``mcast_solicit``/``retrans_time``); while
+            it sits there TCP will not retransmit it (the skb is "still in a host queue"), so
+            the connection stalls 3 s.  Deleting the entry frees the packet and TCP resends it
+            over the new route at its next timeout.
     """
 
     generation: int
@@ -222,6 +229,7 @@ class ApplyRoutes:
     keep_dsts: frozenset[str] = frozenset()
     reason: str = ""
     resync: bool = False
+    purge_neighbors: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -311,3 +311,36 @@ def test_netlink_overrun_resyncs_from_a_dump(small_buffer_cluster):
     st = c.status(0)
     assert st["counters"]["netlink_overruns"] >= 1 and st["counters"]["netlink_resyncs"] >= 1
     assert next(r for r in st["rails"] if r["id"] == 0)["state"] == "DOWN"
+
+
+def test_rails_ignore_linkdown_nexthops(cluster):
+    c = cluster
+    for k in (0, 1):
+        v = sh("ip", "netns", "exec", c.ns(0), "cat", f"/proc/sys/net/ipv4/conf/rail{k}/ignore_routes_with_linkdown").stdout.strip()
+        assert v == "1"
+
+
+def test_neighbour_purge_frees_a_dead_rails_entries(cluster):
+    """Packets queued behind a neighbour entry of a dead rail would stall TCP for 3 s (see
+    ApplyRoutes.purge_neighbors); the route actuator deletes that rail's dynamic entries."""
+    c = cluster
+    ns = c.ns(1)
+    sh("ip", "-n", ns, "neigh", "replace", "198.18.1.77", "lladdr", "02:00:00:00:00:77", "dev", "rail1", "nud", "stale")
+    sh("ip", "-n", ns, "neigh", "replace", "198.18.1.78", "lladdr", "02:00:00:00:00:78", "dev", "rail1", "nud", "permanent")
+    sh("ip", "-n", ns, "neigh", "replace", "198.18.0.77", "lladdr", "02:00:00:00:00:79", "dev", "rail0", "nud", "stale")
+    code = textwrap.dedent("""
+        import asyncio
+        from pyroute2 import AsyncIPRoute
+        from linkpass.adapters.routes import RouteActuator
+        async def main():
+            a = RouteActuator(lambda e: None, 201, 254)
+            async with AsyncIPRoute() as ipr:
+                print(await a.purge_neighbors(ipr, "rail1"))
+        asyncio.run(main())
+    """)
+    out = sh(*fab.netns_exec(c.name, 1), sys.executable, "-c", code).stdout.strip()
+    assert int(out) >= 1
+    neigh = sh("ip", "-n", ns, "neigh", "show").stdout
+    assert "198.18.1.77" not in neigh
+    assert "198.18.1.78" in neigh  # permanent entries are not ours to delete
+    assert "198.18.0.77" in neigh  # other rails untouched

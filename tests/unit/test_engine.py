@@ -174,7 +174,7 @@ def test_carrier_loss_then_failback_after_hold_down():
     t1 = 1 * S
     acts = eng.handle(link(carrier_lost("rail1"), t1), t1)
     assert acts == [
-        ApplyRoutes(2, (host_route(1, (0, 2)),), frozenset(), "link change on rail1", resync=False),
+        ApplyRoutes(2, (host_route(1, (0, 2)),), frozenset(), "link change on rail1", resync=False, purge_neighbors=("rail1",)),
         SendNotice(2, frozenset({0, 2}), urgent=True),
     ]
     assert eng.rails[1].state == RailState.DOWN
@@ -609,3 +609,20 @@ def test_resync_dump_after_overrun_asks_the_actuator_to_reread_routes():
     eng.handle(snapshot(cfg, 0), 0)
     acts = eng.handle(LinkSnapshot(snapshot(cfg, S).links, S, reason="overrun"), S)
     assert any(a.resync for a in applies(acts))
+
+
+def test_purge_neighbors_names_only_rails_that_just_became_unusable():
+    from unit_helpers import applies, carrier_lost, make_cfg, snapshot, up
+
+    from linkpass.core.engine import Engine
+    from linkpass.core.model import LinkChanged
+
+    cfg = make_cfg(rails=(0, 1, 2))
+    e = Engine(cfg)
+    first = applies(e.handle(snapshot(cfg, 1), 1))
+    assert [a.purge_neighbors for a in first] == [()]
+    acts = applies(e.handle(LinkChanged(carrier_lost("rail1"), 2), 2))
+    assert [a.purge_neighbors for a in acts] == [("rail1",)]
+    # the link coming back (into hold-down) purges nothing
+    acts = applies(e.handle(LinkChanged(up("rail1"), 3), 3))
+    assert all(a.purge_neighbors == () for a in acts)
