@@ -12,14 +12,11 @@ import os
 import platform
 import re
 import signal
-import socket
-import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
 
 from linkpass import fabric as fab
+from linkpass.fabric.cluster import Cluster, ClusterError
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 PAGE_KB = os.sysconf("SC_PAGE_SIZE") // 1024
@@ -135,89 +132,35 @@ def summary(values: list[float]) -> dict:
 # --------------------------------------------------------------------------- cluster
 
 
-class BenchCluster:
-    """A fabric ``name`` (hosts x rails) with one linkpass daemon per host.
+class BenchCluster(Cluster):
+    """:class:`linkpass.fabric.cluster.Cluster` plus what the benchmarks measure: the daemons'
+    pids (checked), the count of control-socket queries, and problems in the daemon logs.
 
-    Args:
-        hosts, rails, hold_down_ms: fabric shape and the daemons' hold-down.
-        name: fabric name (``bn...`` for the benchmarks).
-        workdir: where the daemon logs go (a fresh temp dir by default).
-        daemon_argv: what follows the python interpreter to start a daemon, before
-            ``run --config FILE`` (default ``-m linkpass.cli``; a diagnostic wrapper can go here).
+    ``start()`` builds the fabric, starts every daemon and waits until each is ready.
     """
 
     def __init__(self, hosts: int, rails: int, name: str, hold_down_ms: int, workdir: Path | None = None,
                  daemon_argv: list[str] | None = None):
-        self.hosts, self.rails, self.name, self.hold_down_ms = hosts, rails, name, hold_down_ms
-        self.workdir = workdir or Path(tempfile.mkdtemp(prefix=f"linkpass-bench-{name}-"))
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        self.desc: dict | None = None
-        self.procs: list[subprocess.Popen] = []
+        super().__init__(hosts, rails, name, hold_down_ms,
+                         workdir=workdir or Path(tempfile.mkdtemp(prefix=f"linkpass-bench-{name}-")), daemon_argv=daemon_argv)
         self.pids: list[int] = []
-        self.logs: list[Path] = []
-        self.queries = 0
         self.pid_check: list[str] = []
-        self.daemon_argv = daemon_argv or ["-m", "linkpass.cli"]
 
-    # ---------------------------------------------------------------- control socket
-
-    def ask(self, host: int, cmd: str = "status", timeout: float = 3.0) -> dict:
-        """One request on host ``host``'s control socket.
-
-        A plain blocking client rather than :func:`linkpass.daemon.query`: that one reads
-        the answer with asyncio's default 64 KiB line limit, which a full ``history`` answer
-        (up to 2000 entries, ~300 KB) exceeds.
-        """
-        path = self.desc["hosts"][host]["control_socket"]
-        self.queries += 1
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-            s.settimeout(timeout)
-            s.connect(path)
-            s.sendall(json.dumps({"cmd": cmd}).encode() + b"\n")
-            buf = bytearray()
-            while not buf.endswith(b"\n"):
-                chunk = s.recv(1 << 20)
-                if not chunk:
-                    break
-                buf += chunk
-        return json.loads(buf)
-
-    # ---------------------------------------------------------------- life cycle
-
-    def start(self, ready_timeout: float = 30.0) -> None:
+    def start(self, ready_timeout: float = 30.0) -> None:  # noqa: D401 (different from Cluster.start(i))
         """Build the fabric, start the daemons, wait until each has applied a plan and
         heard from every peer; resolve the daemons' pids."""
         try:
-            self.desc = fab.up(self.hosts, self.rails, self.name, hold_down_ms=self.hold_down_ms)
+            self.up()
         except fab.FabricError as e:
             raise BenchError(f"fabric: {e}") from None
-        for h in self.desc["hosts"]:
-            log = self.workdir / f"daemon-{h['name']}.log"
-            self.logs.append(log)
-            with open(log, "w") as logf:
-                self.procs.append(subprocess.Popen(
-                    fab.netns_exec(self.name, h["index"]) + [sys.executable, *self.daemon_argv, "run", "--config", h["config"]],
-                    stdout=logf, stderr=subprocess.STDOUT, start_new_session=True))
-        deadline = time.monotonic() + ready_timeout
-        statuses = []
-        for h in self.desc["hosts"]:
-            while True:
-                dead = [p for p in self.procs if p.poll() is not None]
-                if dead:
-                    raise BenchError(f"a daemon exited at start (rc {dead[0].returncode}); see {self.workdir}/daemon-*.log")
-                try:
-                    st = self.ask(h["index"])
-                    if st["applied_generation"] >= 1 and all(p["usable_rails"] is not None for p in st["peers"]):
-                        statuses.append(st)
-                        break
-                except (OSError, ValueError, KeyError):
-                    pass
-                if time.monotonic() > deadline:
-                    raise BenchError(f"daemon on {h['name']} not ready in {ready_timeout:.0f} s; see {self.workdir}/daemon-{h['name']}.log")
-                time.sleep(0.05)
+        try:
+            statuses = self.start_all(ready_timeout)
+        except ClusterError as e:
+            raise BenchError(str(e)) from None
         # `ip netns exec NS cmd` execs cmd after setns(), so the Popen pid should be the python
         # daemon itself; check that against its cmdline and the pid it reports.
-        for p, st in zip(self.procs, statuses):
+        for i, st in enumerate(statuses):
+            p = self.procs[i]
             argv = proc_cmdline(p.pid)
             is_daemon = bool(argv) and "python" in os.path.basename(argv[0]) and argv[1:1 + len(self.daemon_argv)] == self.daemon_argv
             if is_daemon and st.get("pid") == p.pid:
@@ -227,35 +170,13 @@ class BenchCluster:
                 self.pids.append(int(st["pid"]))
                 self.pid_check.append(f"Popen pid {p.pid} ({' '.join(argv[:3])}) is not the daemon; using status pid {st['pid']}")
 
-    def close(self) -> None:
-        """Stop the daemons (SIGTERM, then SIGKILL) and remove the fabric."""
-        for p in self.procs:
-            if p.poll() is None:
-                try:
-                    os.killpg(p.pid, signal.SIGTERM)
-                except ProcessLookupError:
-                    pass
-        for p in self.procs:
-            try:
-                p.wait(5)
-            except subprocess.TimeoutExpired:
-                try:
-                    os.killpg(p.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                p.wait(5)
-        try:
-            fab.down(self.name)
-        except fab.FabricError as e:
-            print(f"warning: fabric teardown: {e}", file=sys.stderr)
-
     def exit_codes(self) -> list[int | None]:
-        return [p.poll() for p in self.procs]
+        return [p.poll() for _, p in sorted(self.procs.items())]
 
     def log_problems(self, limit: int = 50) -> list[str]:
         """Lines of the daemon logs that say WARNING/ERROR/CRITICAL or carry a traceback."""
         out = []
-        for path in self.logs:
+        for _, path in sorted(self.logs.items()):
             try:
                 lines = path.read_text(errors="replace").splitlines()
             except OSError:

@@ -317,7 +317,7 @@ def run(args) -> dict:
     finally:
         cl.close()
     wall = tw1 - tw0
-    gc_info = attach_gc(modes, gc_pauses(cl.logs), TARGETS) if args.gc_trace else None
+    gc_info = attach_gc(modes, gc_pauses([cl.logs[i] for i in sorted(cl.logs)]), TARGETS) if args.gc_trace else None
     daemons = []
     for i, pid in enumerate(cl.pids):
         d = cpu1[i]["stat_ns"] - cpu0[i]["stat_ns"]

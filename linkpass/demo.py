@@ -25,7 +25,6 @@ Latencies (monotonic clock, one machine so all processes share it):
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import signal
@@ -36,7 +35,7 @@ import time
 from pathlib import Path
 
 from linkpass import fabric as fab
-from linkpass.daemon import query
+from linkpass.fabric.cluster import Cluster, ClusterError, ask_socket
 
 
 class DemoError(Exception):
@@ -55,7 +54,7 @@ def _counters(desc: dict, host: int) -> dict[int, int]:
 
 
 def _status(sock: str, cmd: str = "status") -> dict:
-    return asyncio.run(query(sock, cmd, timeout=3))
+    return ask_socket(sock, cmd, timeout=10)
 
 
 class Demo:
@@ -71,38 +70,23 @@ class Demo:
         self.hosts, self.rails, self.steps, self.name, self.mode = hosts, rails, steps, name, mode
         self.hold_down_ms = hold_down_ms
         self.log = log
-        self.daemons: list[subprocess.Popen] = []
         self.jobs: list[subprocess.Popen] = []
         self.desc: dict | None = None
         self.workdir = Path(tempfile.mkdtemp(prefix="linkpass-demo-"))
+        self.cluster = Cluster(hosts, rails, name, hold_down_ms, workdir=self.workdir)
 
     # --------------------------------------------------------------- setup
 
     def start(self) -> None:
         self.log(f"fabric: {self.hosts} hosts x {self.rails} rails (name {self.name})")
         try:
-            self.desc = fab.up(self.hosts, self.rails, self.name, hold_down_ms=self.hold_down_ms)
+            self.desc = self.cluster.up()
         except fab.FabricError as e:
             raise DemoError(f"fabric: {e}") from None
-        for h in self.desc["hosts"]:
-            logf = open(self.workdir / f"daemon-{h['name']}.log", "w")
-            self.daemons.append(subprocess.Popen(
-                fab.netns_exec(self.name, h["index"]) + [sys.executable, "-m", "linkpass.cli", "run", "--config", h["config"]],
-                stdout=logf, stderr=subprocess.STDOUT, start_new_session=True))
-        deadline = time.monotonic() + 20
-        for h in self.desc["hosts"]:
-            while True:
-                if any(d.poll() is not None for d in self.daemons):
-                    raise DemoError(f"a daemon exited at start; see {self.workdir}/daemon-*.log")
-                try:
-                    st = _status(h["control_socket"])
-                    if st["applied_generation"] >= 1 and all(p["usable_rails"] is not None for p in st["peers"]):
-                        break
-                except (OSError, asyncio.TimeoutError, json.JSONDecodeError):
-                    pass
-                if time.monotonic() > deadline:
-                    raise DemoError(f"daemon on {h['name']} did not become ready in 20 s; see {self.workdir}/daemon-{h['name']}.log")
-                time.sleep(0.05)
+        try:
+            self.cluster.start_all()
+        except ClusterError as e:
+            raise DemoError(str(e)) from None
         self.log(f"daemons ready on {self.hosts} hosts; routes to every peer over all rails")
 
     def _launch_job(self, tag: str, port: int) -> list[Path]:
@@ -256,13 +240,13 @@ class Demo:
     # --------------------------------------------------------------- teardown
 
     def close(self) -> None:
-        for p in self.jobs + self.daemons:
+        for p in self.jobs:
             if p.poll() is None:
                 try:
                     os.killpg(p.pid, signal.SIGTERM)
                 except ProcessLookupError:
                     pass
-        for p in self.jobs + self.daemons:
+        for p in self.jobs:
             try:
                 p.wait(5)
             except subprocess.TimeoutExpired:
@@ -270,10 +254,7 @@ class Demo:
                     os.killpg(p.pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
-        try:
-            fab.down(self.name)
-        except fab.FabricError as e:
-            self.log(f"warning: fabric teardown: {e}")
+        self.cluster.close()
 
 
 def _print_summary(r: dict) -> None:

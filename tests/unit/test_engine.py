@@ -33,7 +33,6 @@ from unit_helpers import (
     gone,
     host_ip,
     make_cfg,
-    nexthop_rails,
     notices,
     rail_ip,
     snapshot,
