@@ -136,7 +136,7 @@ class BenchCluster(Cluster):
     """:class:`linkpass.fabric.cluster.Cluster` plus what the benchmarks measure: the daemons'
     pids (checked), the count of control-socket queries, and problems in the daemon logs.
 
-    ``start()`` builds the fabric, starts every daemon and waits until each is ready.
+    ``launch()`` builds the fabric, starts every daemon and waits until each is ready.
     """
 
     def __init__(self, hosts: int, rails: int, name: str, hold_down_ms: int, workdir: Path | None = None,
@@ -146,7 +146,7 @@ class BenchCluster(Cluster):
         self.pids: list[int] = []
         self.pid_check: list[str] = []
 
-    def start(self, ready_timeout: float = 30.0) -> None:  # noqa: D401 (different from Cluster.start(i))
+    def launch(self, ready_timeout: float = 30.0) -> None:
         """Build the fabric, start the daemons, wait until each has applied a plan and
         heard from every peer; resolve the daemons' pids."""
         try:

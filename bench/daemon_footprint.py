@@ -35,7 +35,7 @@ def measure(args) -> dict:
     cl = BenchCluster(args.hosts, args.rails, args.name, args.hold_down_ms)
     t_start = time.monotonic()
     try:
-        cl.start()
+        cl.launch()
         time.sleep(args.settle_s)
         st0 = [cl.ask(i) for i in range(args.hosts)]
         cpu0 = [proc_cpu(p) for p in cl.pids]

@@ -294,7 +294,7 @@ def run(args) -> dict:
     cl = BenchCluster(args.hosts, args.rails, args.name, args.hold_down_ms, daemon_argv=argv)
     t_start = time.monotonic()
     try:
-        cl.start()
+        cl.launch()
         time.sleep(0.5)
         cpu0 = [proc_cpu(p) for p in cl.pids]
         tw0 = time.monotonic_ns()
