@@ -1,0 +1,40 @@
+"""The benchmarks still run end to end (tiny sizes; no figure is judged here)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [
+    pytest.mark.root,
+    pytest.mark.skipif(os.geteuid() != 0, reason="needs root (network namespaces)"),
+    pytest.mark.skipif(not all(shutil.which(t) for t in ("ip", "nft")), reason="needs ip and nft"),
+]
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+
+
+def test_detect_reroute_smoke(tmp_path):
+    out = tmp_path / "dr.json"
+    p = subprocess.run([sys.executable, str(BENCH / "detect_reroute.py"), "--cuts", "2", "--name", "bnsmk", "--json", str(out)],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    r = json.loads(out.read_text())
+    assert r["schema"] == "linkpass.bench.detect_reroute/v1"
+    for mode in ("admin-down", "carrier-loss"):
+        m = r["modes"][mode]
+        assert m["misses"] == 0 and m["detect_ms"]["p50"] is not None and m["reroute_ms"]["p50"] is not None
+
+
+def test_daemon_footprint_smoke(tmp_path):
+    out = tmp_path / "fp.json"
+    p = subprocess.run([sys.executable, str(BENCH / "daemon_footprint.py"), "--idle-s", "1", "--settle-s", "0", "--name", "bnsmf", "--json", str(out)],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    r = json.loads(out.read_text())
+    assert all(d["vmrss_mb"] > 0 for d in r["daemons"])
