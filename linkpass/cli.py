@@ -82,6 +82,11 @@ def _print_status(st: dict) -> None:
             p.add_row(peer["name"], "not heard" if peer["usable_rails"] is None else ",".join(map(str, peer["usable_rails"])) or "none",
                       "-" if peer["last_notice_ago_ms"] is None else f"{peer['last_notice_ago_ms'] / 1000:.1f} s ago")
         c.print(p)
+    if st.get("routes"):
+        rt = Table("route", "src", "over rails")
+        for r in st["routes"]:
+            rt.add_row(r["dst"], r["prefsrc"] or "-", ", ".join(f"rail {n['rail']} ({n['netdev']} via {n['gateway']})" for n in r["nexthops"]))
+        c.print(rt)
     for w in st.get("warnings", []) + st.get("route_errors", []) + st.get("route_conflicts", []):
         c.print(f"[yellow]warning:[/] {w}")
 
