@@ -28,7 +28,7 @@ from linkpass.adapters.notices import NoticeService
 from linkpass.adapters.routes import RouteActuator
 from linkpass.config import Config, ConfigError, load_config, read_key_file
 from linkpass.core.engine import Engine
-from linkpass.core.model import ApplyRoutes, SendNotice, SetTimer, Tick
+from linkpass.core.model import ApplyRoutes, LinkChanged, SendNotice, SetTimer, Tick
 from linkpass.core.planner import all_destinations
 
 log = logging.getLogger("linkpass.daemon")
@@ -62,6 +62,7 @@ class Daemon:
         self.started_ns = time.monotonic_ns()
         self.events_handled = 0
         self.tasks: dict[str, asyncio.Task] = {}
+        self._tuned: set[str] = set()
 
     def _route_filter(self, dst: str, proto: int) -> bool:
         return proto == self.cfg.daemon.route_protocol or dst in all_destinations(self.cfg)
@@ -94,6 +95,10 @@ class Daemon:
                 continue
             self.events_handled += 1
             self._dispatch(actions)
+            if isinstance(ev, LinkChanged) and ev.facts.present and ev.facts.netdev not in self._tuned:
+                if any(r.netdev == ev.facts.netdev for r in self.cfg.rails):
+                    self._tune_rails(ev.facts.netdev)
+                    self._tuned.add(ev.facts.netdev)
 
     # ------------------------------------------------------------------ control socket
 
@@ -140,11 +145,15 @@ class Daemon:
         self._server = await asyncio.start_unix_server(self._client, path=str(path))
         os.chmod(path, 0o660)
 
-    def _tune_rails(self) -> None:
-        if self.cfg.daemon.ignore_routes_with_linkdown:
-            missing = self.routes.ignore_linkdown([r.netdev for r in self.cfg.rails])
-            if missing:
-                log.warning("could not set ignore_routes_with_linkdown on %s (netdev absent?)", ", ".join(missing))
+    def _tune_rails(self, only: str | None = None) -> None:
+        """Set ignore_routes_with_linkdown on the rail netdevs (all, or just ``only``, a rail
+        netdev that has just appeared)."""
+        if not self.cfg.daemon.ignore_routes_with_linkdown:
+            return
+        devs = [r.netdev for r in self.cfg.rails if only is None or r.netdev == only]
+        missing = self.routes.ignore_linkdown(devs)
+        if missing and only is None:
+            log.warning("could not set ignore_routes_with_linkdown on %s (netdev absent?); will retry when it appears", ", ".join(missing))
 
     # ------------------------------------------------------------------ signals
 
