@@ -27,7 +27,7 @@ def cmd_run(args) -> int:
 
     try:
         return daemon.run(args.config, args.log_level)
-    except ConfigError as e:
+    except (ConfigError, daemon.StartError) as e:
         return _die(str(e), 2)
     except KeyboardInterrupt:
         return 0
@@ -51,10 +51,26 @@ def cmd_status(args) -> int:
         path = _socket_from_args(args)
     except ConfigError as e:
         return _die(str(e), 2)
+    import os
+    import stat
+
+    try:
+        if not stat.S_ISSOCK(os.stat(path).st_mode):
+            return _die(f"{path} is not a socket (is --socket/--config pointing at the daemon's control_socket?)", 3)
+    except FileNotFoundError:
+        return _die(f"no daemon answers on {path}: no such socket (is `linkpass run` running?)", 3)
+    except OSError as e:
+        return _die(f"cannot use {path}: {e.strerror}", 3)
     try:
         st = asyncio.run(query(path, "history" if args.history else "status"))
-    except (OSError, asyncio.TimeoutError) as e:
-        return _die(f"no daemon answers on {path}: {getattr(e, 'strerror', None) or e}", 3)
+    except asyncio.TimeoutError:
+        return _die(f"the daemon on {path} did not answer within 5 s (is it stuck?)", 3)
+    except PermissionError:
+        return _die(f"permission denied on {path}: the control socket is for root (mode 0660)", 3)
+    except OSError as e:
+        return _die(f"no daemon answers on {path}: {e.strerror or e}", 3)
+    except ValueError as e:
+        return _die(f"the daemon on {path} sent a reply that is not JSON: {e}", 1)
     if args.json or args.history:
         print(json.dumps(st, indent=2))
         return 0
@@ -97,11 +113,14 @@ def cmd_demo(args) -> int:
     try:
         return demo_main(args)
     except DemoError as e:
-        return _die(f"demo: {e}", 1)
+        return _die(f"demo: {e}", e.exit_code)
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from linkpass import __version__
+
     p = argparse.ArgumentParser(prog="linkpass", description="Network-path failover for GPU training clusters.")
+    p.add_argument("--version", action="version", version=f"linkpass {__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     r = sub.add_parser("run", help="run the daemon in the foreground")
@@ -127,7 +146,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--steps", type=int, default=300)
     d.add_argument("--json", metavar="FILE", help="write the result as JSON")
     d.add_argument("--name", default="lpdemo", help="fabric name (default lpdemo)")
-    d.add_argument("--mode", default="carrier-loss", help="cut mode (default carrier-loss)")
+    d.add_argument("--mode", default="carrier-loss", help="cut mode: carrier-loss (default) or admin-down")
+    d.add_argument("--keep-logs", action="store_true", help="keep the work directory (daemon and trainer logs) after a successful run")
     d.set_defaults(func=cmd_demo)
     return p
 

@@ -20,6 +20,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import time
 from pathlib import Path
 
@@ -34,6 +35,11 @@ from linkpass.core.planner import all_destinations
 log = logging.getLogger("linkpass.daemon")
 
 STATUS_SCHEMA = "linkpass.status/v1"
+RUNTIME_DIR = Path("/run/linkpass")
+
+
+class StartError(Exception):
+    """The daemon cannot start here (socket or port in use, bad path); one line, exit 2."""
 QUERY_LIMIT = 16 * 1024 * 1024  # a full history is ~300 KB; asyncio's default line limit is 64 KiB
 
 
@@ -63,6 +69,7 @@ class Daemon:
         self.events_handled = 0
         self.tasks: dict[str, asyncio.Task] = {}
         self._tuned: set[str] = set()
+        self.reload_error: str | None = None
 
     def _route_filter(self, dst: str, proto: int) -> bool:
         return proto == self.cfg.daemon.route_protocol or dst in all_destinations(self.cfg)
@@ -105,6 +112,8 @@ class Daemon:
     def status(self) -> dict:
         now = time.monotonic_ns()
         st = {"schema": STATUS_SCHEMA, "pid": os.getpid(), "uptime_s": round((now - self.started_ns) / 1e9, 3), **self.engine.status(now)}
+        if self.reload_error:
+            st["warnings"] = st["warnings"] + [self.reload_error]
         st["counters"] = {
             "events_handled": self.events_handled,
             "netlink_resyncs": self.monitor.resyncs,
@@ -137,13 +146,42 @@ class Daemon:
         finally:
             writer.close()
 
-    async def _start_control(self) -> None:
+    def _check_control_path(self) -> Path:
+        """Make sure we may use the control socket path; remove a stale socket of ours.
+
+        Raises:
+            StartError: the path is not a socket, a live daemon answers there, or its
+                directory does not exist (only /run/linkpass is created on demand).
+        """
         path = Path(self.cfg.daemon.control_socket)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if path.exists() or path.is_socket():
-            path.unlink()
-        self._server = await asyncio.start_unix_server(self._client, path=str(path))
-        os.chmod(path, 0o660)
+        if not path.parent.is_dir():
+            if path.parent == RUNTIME_DIR or RUNTIME_DIR in path.parent.parents:
+                path.parent.mkdir(parents=True, exist_ok=True)
+            else:
+                raise StartError(f"control_socket {path}: directory {path.parent} does not exist")
+        if path.is_symlink() or (path.exists() and not path.is_socket()):
+            raise StartError(f"control_socket {path}: exists and is not a socket; refusing to replace it")
+        if path.exists():
+            probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            probe.settimeout(1.0)
+            try:
+                probe.connect(str(path))
+            except (ConnectionRefusedError, FileNotFoundError):
+                path.unlink(missing_ok=True)  # stale: its daemon is gone
+            except OSError as e:
+                raise StartError(f"control_socket {path}: cannot check it: {e.strerror or e}") from None
+            else:
+                raise StartError(f"control_socket {path}: another linkpass daemon is running there (stop it first)")
+            finally:
+                probe.close()
+        return path
+
+    async def _start_control(self, path: Path) -> None:
+        try:
+            self._server = await asyncio.start_unix_server(self._client, path=str(path))
+            os.chmod(path, 0o660)
+        except OSError as e:
+            raise StartError(f"control_socket {path}: cannot listen: {e.strerror or e}") from None
 
     def _tune_rails(self, only: str | None = None) -> None:
         """Set ignore_routes_with_linkdown on the rail netdevs (all, or just ``only``, a rail
@@ -163,7 +201,11 @@ class Daemon:
             key = read_key_file(cfg.daemon.notice_key_file) if cfg.daemon.notice_key_file else None
         except ConfigError as e:
             log.error("reload refused, keeping the running config: %s", e)
+            self.reload_error = f"last reload refused, running config kept: {e}"
             return
+        self.reload_error = None
+        if cfg.daemon.host != self.cfg.daemon.host:
+            log.warning("host renamed %s -> %s: peers know this host by name, update their configs too", self.cfg.daemon.host, cfg.daemon.host)
         if cfg.daemon.control_socket != self.cfg.daemon.control_socket or cfg.daemon.notice_port != self.cfg.daemon.notice_port:
             log.warning("control_socket and notice_port changes take effect only after a restart")
         self.cfg = cfg
@@ -195,10 +237,16 @@ class Daemon:
         loop.add_signal_handler(signal.SIGTERM, self._stop.set)
         loop.add_signal_handler(signal.SIGINT, self._stop.set)
         loop.add_signal_handler(signal.SIGHUP, self._reload)
-        await self._start_control()
+        path = self._check_control_path()
+        if self.notices:
+            try:
+                await self.notices.start()
+            except OSError as e:
+                raise StartError(f"notice_port {self.cfg.daemon.notice_port}: cannot listen: {e.strerror or e}"
+                                 " (another linkpass daemon in this network namespace?)") from None
+        await self._start_control(path)
         self._tune_rails()
         if self.notices:
-            await self.notices.start()
             self._supervise("notice-refresh", self.notices.refresh_loop())
         self._supervise("engine", self._engine_loop())
         self._supervise("routes", self.routes.run())
@@ -234,6 +282,7 @@ def run(config_path: str, log_level: str | None = None) -> int:
 
     Raises:
         ConfigError: the config or the notice key file is invalid (the CLI prints it).
+        StartError: the control socket or notice port is in use, or a path is unusable.
     """
     cfg = load_config(config_path)
     setup_logging(log_level or cfg.daemon.log_level)

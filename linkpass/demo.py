@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -39,7 +40,17 @@ from linkpass.fabric.cluster import Cluster, ClusterError, ask_socket
 
 
 class DemoError(Exception):
-    """The demo could not run (fabric, daemon or job failure); the message says which."""
+    """The demo could not run; the message says why.  ``exit_code`` is 2 for bad input
+    (arguments, not root, name in use) and 1 for a failure while running."""
+
+    def __init__(self, msg: str, exit_code: int = 1):
+        super().__init__(msg)
+        self.exit_code = exit_code
+
+
+#: Cut modes the demo can show: this version detects link-down faults only (blackhole and
+#: loss leave the carrier up and need the probes of a later issue).
+DEMO_MODES = ("carrier-loss", "admin-down")
 
 
 def _rail_bytes(ns: str, netdev: str) -> int:
@@ -61,12 +72,14 @@ class Demo:
     """Holds the processes and fabric of one demo run; :meth:`close` undoes everything."""
 
     def __init__(self, hosts: int, rails: int, steps: int, name: str, mode: str, hold_down_ms: int = 2000, log=print):
-        if hosts < 2:
-            raise DemoError("--hosts must be at least 2 (data-parallel training needs peers)")
-        if rails < 2:
-            raise DemoError("--rails must be at least 2 (failover needs a rail to fail over to)")
+        if not 2 <= hosts <= 16:
+            raise DemoError("--hosts must be 2..16 (data-parallel training needs peers; one trainer per host on 2 cores)", 2)
+        if not 2 <= rails <= 16:
+            raise DemoError("--rails must be 2..16 (failover needs a rail to fail over to)", 2)
         if steps < 50:
-            raise DemoError("--steps must be at least 50 (the cut happens mid-run)")
+            raise DemoError("--steps must be at least 50 (the cut happens mid-run)", 2)
+        if mode not in DEMO_MODES:
+            raise DemoError(f"--mode must be one of {', '.join(DEMO_MODES)} (this version detects link-down faults only)", 2)
         self.hosts, self.rails, self.steps, self.name, self.mode = hosts, rails, steps, name, mode
         self.hold_down_ms = hold_down_ms
         self.log = log
@@ -74,15 +87,24 @@ class Demo:
         self.desc: dict | None = None
         self.workdir = Path(tempfile.mkdtemp(prefix="linkpass-demo-"))
         self.cluster = Cluster(hosts, rails, name, hold_down_ms, workdir=self.workdir)
+        self.built = False
 
     # --------------------------------------------------------------- setup
 
     def start(self) -> None:
         self.log(f"fabric: {self.hosts} hosts x {self.rails} rails (name {self.name})")
         try:
+            fab.load(self.name)
+        except fab.FabricError:
+            pass  # no such fabric: good
+        else:
+            raise DemoError(f"name in use: a fabric named {self.name!r} exists; pick another --name "
+                            f"or remove it with `linkpass fabric down --name {self.name}`", 2)
+        try:
             self.desc = self.cluster.up()
         except fab.FabricError as e:
-            raise DemoError(f"fabric: {e}") from None
+            raise DemoError(f"fabric: {e}", getattr(e, "exit_code", 1)) from None
+        self.built = True
         try:
             self.cluster.start_all()
         except ClusterError as e:
@@ -254,7 +276,8 @@ class Demo:
                     os.killpg(p.pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
-        self.cluster.close()
+        if self.built:  # never tear down a fabric this demo did not build
+            self.cluster.close()
 
 
 def _print_summary(r: dict) -> None:
@@ -282,22 +305,39 @@ def main(args) -> int:
     """Entry point of ``linkpass demo``.  Exit 0 when the job lost no step and the weights
     match the reference, 1 otherwise."""
     if os.geteuid() != 0:
-        raise DemoError("must run as root (it creates network namespaces)")
+        raise DemoError("must run as root (it creates network namespaces)", 2)
+    if args.json:
+        parent = Path(args.json).resolve().parent
+        if not parent.is_dir() or not os.access(parent, os.W_OK):
+            raise DemoError(f"--json {args.json}: directory {parent} does not exist or is not writable", 2)
     demo = Demo(args.hosts, args.rails, args.steps, args.name, args.mode)
 
     def on_term(signum, frame):
         raise KeyboardInterrupt
 
     old = signal.signal(signal.SIGTERM, on_term)
+    ok = False
+    keep = getattr(args, "keep_logs", False)
+    result = None
     try:
         result = demo.run()
+        ok = result["steps_lost"] == 0 and result["weights_match_reference"]
     except KeyboardInterrupt:
         print("linkpass demo: interrupted; tearing down", file=sys.stderr)
         return 130
+    except DemoError as e:
+        keep = keep or e.exit_code == 1  # a failure while running: its logs explain it
+        raise
     finally:
         demo.close()
         signal.signal(signal.SIGTERM, old)
+        if keep or (result is not None and not ok):
+            print(f"linkpass demo: logs kept in {demo.workdir}", file=sys.stderr)
+        else:
+            shutil.rmtree(demo.workdir, ignore_errors=True)
+            if result is not None:
+                result["workdir"] = None
     _print_summary(result)
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
-    return 0 if result["steps_lost"] == 0 and result["weights_match_reference"] else 1
+    return 0 if ok else 1

@@ -53,7 +53,9 @@ def cmd_up(args: argparse.Namespace) -> int:
 @_guarded
 def cmd_down(args: argparse.Namespace) -> int:
     if F.down(args.name):
-        print(f"fabric {args.name} removed")
+        n = F.down_report(args.name)
+        extra = f" (stopped {n} process{'es' if n != 1 else ''} running in it)" if n else ""
+        print(f"fabric {args.name} removed{extra}")
     else:
         print(f"no fabric named {args.name}; nothing to do")
     return 0

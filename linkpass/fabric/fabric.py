@@ -405,12 +405,48 @@ def _build(desc: dict) -> None:
         write_sysctls(ns, {**per_dev, **_no_ipv6(devs)})
 
 
-def _teardown(desc: dict) -> None:
-    """Kill recorded flap helpers, delete recorded namespaces that exist, remove the state dir."""
+def _netns_pids(ns: str) -> list[int]:
+    try:
+        out = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return [int(x) for x in out.split() if x.isdigit() and int(x) != os.getpid()]
+
+
+def _stop_processes(namespaces: list[str], grace_s: float = 3.0) -> int:
+    """SIGTERM every process running in ``namespaces`` (daemons, trainers started with
+    ``ip netns exec``), SIGKILL what is left after ``grace_s``.  Returns how many there were.
+
+    A deleted namespace lives on, unnamed, while processes still run in it: they would keep
+    logging errors and holding ports with nothing left to manage.
+    """
+    pids = sorted({p for ns in namespaces for p in _netns_pids(ns)})
+    for p in pids:
+        try:
+            os.kill(p, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + grace_s
+    left = pids
+    while left and time.monotonic() < deadline:
+        time.sleep(0.05)
+        left = [p for p in left if os.path.exists(f"/proc/{p}")]
+    for p in left:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return len(pids)
+
+
+def _teardown(desc: dict) -> int:
+    """Kill recorded flap helpers and processes running in the fabric's namespaces, delete
+    recorded namespaces that exist, remove the state dir.  Returns the processes stopped."""
     for f in desc.get("faults", []):
         if f.get("pid"):
             _stop_helper(f["pid"], _port_name(f["host"], f["rail"]))
     existing = [ns for ns in desc.get("netns", []) if netns_exists(ns)]
+    stopped = _stop_processes(existing)
     if existing:
         try:
             ip_batch([f"netns del {ns}" for ns in existing], force=True)
@@ -419,6 +455,7 @@ def _teardown(desc: dict) -> None:
             if left:
                 raise FabricKernelError(f"could not delete namespace(s) {', '.join(left)}: {e}") from None
     shutil.rmtree(os.path.join(STATE_ROOT, desc["name"]), ignore_errors=True)
+    return stopped
 
 
 # --------------------------------------------------------------------------- public API
@@ -507,8 +544,9 @@ def down(name: str = "lp") -> bool:
     """Remove fabric ``name``: its flap helpers, its namespaces and its state directory.
 
     Works on a half-built fabric too (only recorded namespaces that exist are deleted); nothing
-    not recorded in the state file is touched.  Processes still running inside the host
-    namespaces (e.g. daemons started with ``ip netns exec``) are not killed.
+    not recorded in the state file is touched.  Processes still running inside the fabric's
+    namespaces (daemons or trainers started with ``ip netns exec``) are stopped first
+    (SIGTERM, then SIGKILL after 3 s); ``down_report(name)`` tells how many.
 
     Returns:
         True if something was removed, False if no fabric of that name exists.
@@ -526,8 +564,16 @@ def down(name: str = "lp") -> bool:
                 shutil.rmtree(sdir)
                 return True
             return False
-        _teardown(desc)
+        _LAST_DOWN[name] = _teardown(desc)
         return True
+
+
+_LAST_DOWN: dict[str, int] = {}
+
+
+def down_report(name: str) -> int:
+    """Processes the last ``down(name)`` in this process stopped inside the fabric."""
+    return _LAST_DOWN.get(name, 0)
 
 
 def load(name: str = "lp") -> dict:

@@ -336,3 +336,46 @@ def test_neighbour_purge_frees_a_dead_rails_entries(cluster):
     assert "198.18.1.77" not in neigh
     assert "198.18.1.78" in neigh  # permanent entries are not ours to delete
     assert "198.18.0.77" in neigh  # other rails untouched
+
+
+def test_second_daemon_is_refused_and_first_keeps_working(cluster):
+    c = cluster
+    p = subprocess.run(fab.netns_exec(c.name, 0) + [sys.executable, "-m", "linkpass.cli", "run", "--config", c.host(0)["config"]],
+                       capture_output=True, text=True, timeout=30)
+    assert p.returncode == 2 and "another linkpass daemon is running" in p.stderr and "Traceback" not in p.stderr
+    assert c.status(0)["host"] == "h0"  # the first one still answers
+
+
+def test_notice_port_in_use_is_a_clear_error(cluster, tmp_path):
+    c = cluster
+    cfg = tmp_path / "h0b.toml"
+    cfg.write_text(open(c.host(0)["config"]).read().replace(c.host(0)["control_socket"], str(tmp_path / "other.sock")))
+    p = subprocess.run(fab.netns_exec(c.name, 0) + [sys.executable, "-m", "linkpass.cli", "run", "--config", str(cfg)],
+                       capture_output=True, text=True, timeout=30)
+    assert p.returncode == 2 and "notice_port 7471" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_control_socket_path_that_is_a_file_is_not_replaced(tmp_path):
+    victim = tmp_path / "precious.txt"
+    victim.write_text("important data")
+    key = tmp_path / "key"
+    key.write_text("k" * 32)
+    key.chmod(0o600)
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f"[daemon]\nhost = 'h0'\nhost_ip = '198.19.0.1'\nnotice_key_file = '{key}'\ncontrol_socket = '{victim}'\n[[rails]]\nid = 0\nnetdev = 'lo'\n")
+    p = subprocess.run([sys.executable, "-m", "linkpass.cli", "run", "--config", str(cfg)], capture_output=True, text=True, timeout=30)
+    assert p.returncode == 2 and "is not a socket" in p.stderr
+    assert victim.read_text() == "important data"
+
+
+def test_fabric_down_stops_daemons_running_in_it(tmp_path):
+    c = Cluster(hosts=2, rails=2, hold_down_ms=300, tmp=tmp_path)
+    try:
+        c.start_all()
+        pids = [p.pid for p in c.procs.values()]
+        assert fab.down(c.name) and fab.down_report(c.name) == 2
+        for p in c.procs.values():
+            assert p.wait(10) == 0  # SIGTERM: a clean stop
+        assert not any(os.path.exists(f"/proc/{pid}") for pid in pids)
+    finally:
+        c.close()

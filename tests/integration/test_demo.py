@@ -45,4 +45,16 @@ def test_demo_trains_through_a_carrier_loss_cut(tmp_path):
 
 def test_demo_refuses_bad_arguments():
     p = subprocess.run([sys.executable, "-m", "linkpass.cli", "demo", "--rails", "1"], capture_output=True, text=True, timeout=60)
-    assert p.returncode == 1 and "--rails must be at least 2" in p.stderr and "Traceback" not in p.stderr
+    assert p.returncode == 2 and "--rails must be 2..16" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_demo_never_touches_an_existing_fabric():
+    from linkpass import fabric as fab
+
+    fab.up(2, 2, "tdemox")
+    try:
+        p = subprocess.run([sys.executable, "-m", "linkpass.cli", "demo", "--name", "tdemox"], capture_output=True, text=True, timeout=120)
+        assert p.returncode == 2 and "name in use" in p.stderr
+        assert fab.load("tdemox")["name"] == "tdemox"  # still there
+    finally:
+        fab.down("tdemox")
