@@ -159,7 +159,9 @@ class Config(_Strict):
 def _loc(loc: tuple) -> str:
     out = ""
     for part in loc:
-        if isinstance(part, int):
+        if part == "[key]":
+            out += " (key)"
+        elif isinstance(part, int):
             out += f"[{part}]"
         else:
             out += ("." if out else "") + str(part)

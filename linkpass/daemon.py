@@ -56,7 +56,10 @@ class Daemon:
         self.cfg = cfg
         self.queue: asyncio.Queue = asyncio.Queue()
         self.engine = Engine(cfg)
-        self.key = read_key_file(cfg.daemon.notice_key_file) if cfg.daemon.notice_key_file else None
+        try:
+            self.key = read_key_file(cfg.daemon.notice_key_file) if cfg.daemon.notice_key_file else None
+        except ConfigError as e:
+            raise ConfigError(f"{config_path}: daemon.notice_key_file: {e}") from None
         if self.key is None:
             log.warning("no notice_key_file configured: peer notices are disabled")
         self.monitor = NetlinkMonitor(self.queue.put_nowait, self._route_filter, cfg.daemon.netlink_rcvbuf_bytes)

@@ -47,6 +47,9 @@ def cmd_up(args: argparse.Namespace) -> int:
             f"namespaces {desc['fabric_netns']}, {hosts[0]['netns']}{last}; "
             f"daemon configs and fabric.json in {desc['state_dir']}"
         )
+        if desc.get("configs_rewritten"):
+            print(f"note: the fabric existed; its daemon configs were rewritten ({desc['configs_rewritten']}): "
+                  "send SIGHUP to running daemons (hold-down) or restart them (mode)")
     return 0
 
 

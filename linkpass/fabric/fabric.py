@@ -99,7 +99,7 @@ class FabricKernelError(FabricError):
 
 def _check_root() -> None:
     if os.geteuid() != 0:
-        raise FabricError("must run as root (creating network namespaces needs CAP_NET_ADMIN)")
+        raise FabricError("must run as root (the emulated fabric needs CAP_NET_ADMIN)")
 
 
 def _check_name(name: object) -> str:
@@ -509,8 +509,11 @@ def up(
             if existing.get("status") == "ready" and all(netns_exists(ns) for ns in existing["netns"]):
                 _prune_faults(existing)
                 if (existing.get("mode"), existing.get("hold_down_ms")) != (mode, hold_down_ms):
+                    existing["configs_rewritten"] = f"mode {existing.get('mode')} -> {mode}, hold_down_ms {existing.get('hold_down_ms')} -> {hold_down_ms}"
                     existing["mode"], existing["hold_down_ms"] = mode, hold_down_ms
                     _write_configs(existing)
+                else:
+                    existing.pop("configs_rewritten", None)
                 _write_state(existing)
                 return existing
             _teardown(existing)
