@@ -1,0 +1,202 @@
+"""GPU-to-NIC path types, each GPU's nearest compute NICs, NIC roles and rail numbers.
+
+Pure logic on a :class:`topology.model.Topology`.
+
+Path types are nvidia-smi's (``nvidia-smi topo -m`` legend):
+
+* ``PIX``  at most a single PCIe bridge (both under one PCIe switch);
+* ``PXB``  multiple PCIe bridges, without traversing the PCIe host bridge;
+* ``PHB``  traverses a PCIe host bridge (typically the CPU);
+* ``NODE`` traverses PCIe and the interconnect between host bridges within a NUMA node;
+* ``SYS``  traverses the SMP interconnect between NUMA nodes (QPI/UPI/xGMI).
+
+Roles, with the reason kept for the operator:
+
+* ``compute``: an RDMA-capable NIC local (PIX/PXB/PHB) to at least one GPU; with no GPU
+  information, an RDMA NIC that is not excluded by the rules below;
+* ``front-end``: an Ethernet port on a node whose rails are InfiniBand, or a NIC that is
+  NODE/SYS to every GPU while it is up;
+* ``storage``: a NIC SYS to every GPU on a NUMA node that has no GPU;
+* ``unused``: no port is ACTIVE and nothing marks the NIC as a rail (no GPU information), or the
+  device vanished while being read.
+
+Rails: compute NICs are numbered 0..N-1 in the order of the GPU they serve (lowest GPU index or
+bus id first), then by name, so that rail k is "the k-th GPU's NIC" on every host of the same
+model: NCCL's rail-optimized layouts assume exactly this.
+"""
+
+from __future__ import annotations
+
+import re
+
+from topology.model import LOCAL_PATHS, PATH_TYPES, Gpu, Nic, PciNode, Topology
+
+_ETH_NETDEV = re.compile(r"^(en|eth)")
+_IB_NETDEV = re.compile(r"^ib")
+
+
+def _chain(pci: dict[str, PciNode], bus: str) -> list[PciNode]:
+    out = []
+    seen = set()
+    cur = pci.get(bus)
+    while cur is not None and cur.bus_id not in seen:
+        out.append(cur)
+        seen.add(cur.bus_id)
+        cur = pci.get(cur.parent) if cur.parent else None
+    return out
+
+
+def path_type(pci: dict[str, PciNode], a: str, b: str) -> str | None:
+    """Path type between PCI functions ``a`` and ``b`` from the PCI tree, or None when
+    either is not in the tree.
+
+    The lowest common bridge decides: when both reach it within a single switch (at most two
+    bridge levels each: downstream port, upstream port) it is PIX, otherwise PXB.  With no
+    common bridge: same root complex PHB, same NUMA node NODE, otherwise SYS (also when a
+    NUMA node is unknown and the roots differ).
+    """
+    ca, cb = _chain(pci, a), _chain(pci, b)
+    if not ca or not cb:
+        return None
+    ids_b = {n.bus_id: i for i, n in enumerate(cb)}
+    for ia, node in enumerate(ca[1:], start=1):
+        if node.bus_id in ids_b:
+            ib = ids_b[node.bus_id]
+            da = sum(n.weight for n in ca[1:ia]) + node.weight
+            db = sum(n.weight for n in cb[1:ib]) + node.weight
+            return "PIX" if max(da, db) <= 2 else "PXB"
+    ra, rb = ca[-1].root, cb[-1].root
+    if ra is not None and ra == rb:
+        return "PHB"
+    na = next((n.numa_node for n in ca if n.numa_node is not None), None)
+    nb = next((n.numa_node for n in cb if n.numa_node is not None), None)
+    if na is not None and na == nb:
+        return "NODE"
+    return "SYS"
+
+
+def gpu_nic_path(topo: Topology, gpu: Gpu, nic: Nic) -> str | None:
+    """Path type between a GPU and a NIC: read from a tool if given, else computed."""
+    p = topo.paths.get((gpu.key, nic.name))
+    if p is None and gpu.index is not None:
+        p = topo.paths.get((str(gpu.index), nic.name))
+    if p is None and gpu.pci_bus_id and nic.pci_bus_id:
+        p = path_type(topo.pci, gpu.pci_bus_id, nic.pci_bus_id)
+    return p
+
+
+def _rank(path: str | None) -> int:
+    return PATH_TYPES.index(path) if path in PATH_TYPES else len(PATH_TYPES)
+
+
+def _is_ethernet(nic: Nic) -> bool:
+    if nic.link_layers:
+        return nic.link_layers == {"Ethernet"}
+    devs = [p.netdev for p in nic.ports if p.netdev] + nic.netdevs
+    return bool(devs) and all(_ETH_NETDEV.match(d) for d in devs)
+
+
+def _is_infiniband(nic: Nic) -> bool:
+    if nic.link_layers:
+        return "InfiniBand" in nic.link_layers
+    devs = [p.netdev for p in nic.ports if p.netdev] + nic.netdevs
+    return bool(devs) and any(_IB_NETDEV.match(d) for d in devs)
+
+
+def _any_active(nic: Nic) -> bool:
+    return any(p.state == "ACTIVE" for p in nic.ports)
+
+
+def analyse(topo: Topology, compute_override: dict[str, bool] | None = None) -> Topology:
+    """Fill ``role``, ``role_reason``, ``rail`` of every NIC and ``nearest_nics``/``nearest_path``
+    of every GPU, in place; returns ``topo``.
+
+    Args:
+        compute_override: NIC name -> True/False from the config ("this NIC is / is not a
+            compute rail"), which beats every rule.
+    """
+    override = compute_override or {}
+    ib_node = any(_is_infiniband(n) for n in topo.nics)
+    gpu_numas = {g.numa_node for g in topo.gpus if g.numa_node is not None}
+    has_paths = bool(topo.gpus) and any(gpu_nic_path(topo, g, n) for g in topo.gpus for n in topo.nics)
+
+    for n in topo.nics:
+        n.role, n.role_reason, n.rail = None, "", None
+        if n.name in override:
+            n.role = "compute" if override[n.name] else "unused"
+            n.role_reason = "set by the config"
+            continue
+        if n.vanished:
+            n.role, n.role_reason = "unused", "the device vanished while it was being read"
+            continue
+        if ib_node and _is_ethernet(n):
+            n.role, n.role_reason = "front-end", "Ethernet port on a node whose rails are InfiniBand"
+            continue
+        if has_paths:
+            paths = {g.key: gpu_nic_path(topo, g, n) for g in topo.gpus}
+            best = min(paths.values(), key=_rank)
+            if best in LOCAL_PATHS:
+                n.role, n.role_reason = "compute", f"{best} to GPU(s) {', '.join(k for k, p in paths.items() if p == best)}"
+            elif best == "SYS" and n.numa_node is not None and gpu_numas and n.numa_node not in gpu_numas:
+                n.role, n.role_reason = "storage", f"SYS to every GPU, on NUMA node {n.numa_node} which has no GPU"
+            elif best in ("NODE", "SYS"):
+                n.role, n.role_reason = "front-end", f"no GPU is local to it (best path {best})"
+            else:
+                n.role, n.role_reason = "unused", "no path to any GPU is known"
+            continue
+        if n.numa_node is not None and gpu_numas and n.numa_node not in gpu_numas:
+            n.role, n.role_reason = "storage", f"on NUMA node {n.numa_node} which has no GPU"
+            continue
+        if n.ports and not _any_active(n) and any(_any_active(m) for m in topo.nics if m is not n):
+            n.role, n.role_reason = "unused", "no port is ACTIVE while other NICs' ports are (not cabled or disabled)"
+            continue
+        n.role, n.role_reason = "compute", "RDMA NIC; no GPU-to-NIC information to say otherwise"
+
+    compute = [n for n in topo.nics if n.role == "compute"]
+    for g in topo.gpus:
+        paths = [(gpu_nic_path(topo, g, n), n) for n in compute]
+        local = [(p, n) for p, n in paths if p in LOCAL_PATHS]
+        g.nearest_nics = [n.name for p, n in sorted(local, key=lambda x: (_rank(x[0]), _natural(x[1].name)))]
+        g.nearest_path = min((p for p, _ in local), key=_rank) if local else None
+
+    def first_gpu(n: Nic) -> tuple:
+        served = [g for g in topo.gpus if n.name in g.nearest_nics]
+        if not served:
+            return (1, ())
+        g = min(served, key=lambda g: (g.index if g.index is not None else 1 << 30, g.pci_bus_id or ""))
+        return (0, (g.index if g.index is not None else 1 << 30, g.pci_bus_id or ""))
+
+    for rail, n in enumerate(sorted(compute, key=lambda n: (first_gpu(n), _natural(n.name)))):
+        n.rail = rail
+    return topo
+
+
+def _natural(name: str) -> tuple:
+    """Sort key putting mlx5_2 before mlx5_10."""
+    return tuple(int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name))
+
+
+def rails(topo: Topology) -> list[dict]:
+    """``[{"id": rail, "nics": [name]}]`` for the analysed topology."""
+    out: dict[int, list[str]] = {}
+    for n in topo.nics:
+        if n.rail is not None:
+            out.setdefault(n.rail, []).append(n.name)
+    return [{"id": k, "nics": v} for k, v in sorted(out.items())]
+
+
+def to_json(topo: Topology) -> dict:
+    """The ``linkpass.topology/v1`` document (after :func:`analyse`)."""
+    return {
+        "schema": "linkpass.topology/v1",
+        "host": topo.host,
+        "gpus": [{"index": g.index, "pci_bus_id": g.pci_bus_id, "numa_node": g.numa_node, "uuid": g.uuid,
+                  "nearest_nics": g.nearest_nics, "path": g.nearest_path or "none"} for g in topo.gpus],
+        "nics": [{"name": n.name, "pci_bus_id": n.pci_bus_id, "numa_node": n.numa_node, "role": n.role,
+                  "role_reason": n.role_reason, "rail": n.rail, "netdevs": n.netdevs, "bond_members": n.bond_members,
+                  "ports": [p.to_json() for p in n.ports]} for n in sorted(topo.nics, key=lambda n: _natural(n.name))],
+        "rails": rails(topo),
+        "unclassified_devices": topo.unclassified,
+        "warnings": topo.warnings,
+        "sources": topo.sources,
+    }
