@@ -4,6 +4,8 @@
     linkpass status [--config FILE | --socket PATH] [--json]
     linkpass fabric up|down|cut|heal|show  the emulated fabric (see linkpass.fabric)
     linkpass demo [--hosts 2] [--rails 2] [--steps N] [--json FILE]
+    linkpass topology [--sysfs-root DIR] [--from FILE ...] [--json] [--matrix]
+    linkpass topology capture --out DIR
 
 Exit codes: 0 success, 1 runtime failure, 2 bad input (config, arguments), 3 daemon not reachable.
 """
@@ -139,6 +141,10 @@ def build_parser() -> argparse.ArgumentParser:
     from linkpass.fabric.cli import register as register_fabric
 
     register_fabric(sub)
+
+    from topology.cli import register as register_topology
+
+    register_topology(sub)
 
     d = sub.add_parser("demo", help="fabric + daemons + a gloo training job that keeps training through a rail cut")
     d.add_argument("--hosts", type=int, default=2)

@@ -12,10 +12,16 @@ Path types are nvidia-smi's (``nvidia-smi topo -m`` legend):
 
 Roles, with the reason kept for the operator:
 
-* ``compute``: an RDMA-capable NIC local (PIX/PXB/PHB) to at least one GPU; with no GPU
-  information, an RDMA NIC that is not excluded by the rules below;
-* ``front-end``: an Ethernet port on a node whose rails are InfiniBand, or a NIC that is
-  NODE/SYS to every GPU while it is up;
+* ``compute``: an RDMA-capable NIC that is one of a GPU's nearest NICs: among the candidate
+  NICs, those at the GPU's best path type, when that is local (PIX/PXB/PHB); this is how NCCL
+  picks a GPU's NIC, so a NIC at PHB to a GPU that has a PIX/PXB NIC is not that GPU's rail.
+  Also a NIC whose GPU is not in the source: it sits alone in a PCIe switch of the same model
+  (vendor:device) as the switches where GPUs share a switch with a compute NIC of the same
+  model (a cut-off topology dump, or a GPU that fell off the bus).  With no GPU information,
+  an RDMA NIC that is not excluded by the rules below;
+* ``front-end``: a plain netdev (``kind == "ethernet"``: not an RDMA device, NCCL can only use
+  it through sockets), an Ethernet port on a node whose rails are InfiniBand, a NIC that is
+  NODE/SYS to every GPU while it is up, or a local NIC that no GPU has among its nearest;
 * ``storage``: a NIC SYS to every GPU on a NUMA node that has no GPU;
 * ``unused``: no port is ACTIVE and nothing marks the NIC as a rail (no GPU information), or the
   device vanished while being read.
@@ -29,7 +35,15 @@ from __future__ import annotations
 
 import re
 
-from topology.model import LOCAL_PATHS, PATH_TYPES, Gpu, Nic, PciNode, Topology
+from topology.model import (
+    LOCAL_PATHS,
+    PATH_TYPES,
+    Gpu,
+    Nic,
+    PciNode,
+    Topology,
+    norm_bus_id,
+)
 
 _ETH_NETDEV = re.compile(r"^(en|eth)")
 _IB_NETDEV = re.compile(r"^ib")
@@ -129,14 +143,38 @@ def analyse(topo: Topology, compute_override: dict[str, bool] | None = None) -> 
         if n.vanished:
             n.role, n.role_reason = "unused", "the device vanished while it was being read"
             continue
+        if n.kind == "ethernet":
+            n.role, n.role_reason = "front-end", "a plain netdev, not an RDMA device (NCCL can use it only through sockets)"
+            continue
         if ib_node and _is_ethernet(n):
             n.role, n.role_reason = "front-end", "Ethernet port on a node whose rails are InfiniBand"
             continue
+
+    # each GPU's nearest candidates: the NICs (not yet given a role) at its best path, if local
+    candidates = [n for n in topo.nics if n.role is None]
+    nearest_of: dict[str, list[str]] = {}
+    if has_paths:
+        for g in topo.gpus:
+            paths = [(gpu_nic_path(topo, g, n), n) for n in candidates]
+            best = min((p for p, _ in paths), key=_rank, default=None)
+            if best in LOCAL_PATHS:
+                for p, n in paths:
+                    if p == best:
+                        nearest_of.setdefault(n.name, []).append(g.key)
+
+    for n in candidates:
         if has_paths:
             paths = {g.key: gpu_nic_path(topo, g, n) for g in topo.gpus}
             best = min(paths.values(), key=_rank)
-            if best in LOCAL_PATHS:
+            if n.name in nearest_of:
                 n.role, n.role_reason = "compute", f"{best} to GPU(s) {', '.join(k for k, p in paths.items() if p == best)}"
+            elif best in LOCAL_PATHS:
+                n.role, n.role_reason = "front-end", (f"{best} to GPU(s) {', '.join(k for k, p in paths.items() if p == best)}, "
+                                                      "each of which has a nearer NIC")
+            elif (twin := _rail_slot(topo, n, nearest_of)) is not None:
+                n.role, n.role_reason = "compute", (f"no GPU in the source is local to it, but it sits in a PCIe switch of the "
+                                                    f"same model as {twin}'s, which holds {twin}'s GPU: its own GPU is missing "
+                                                    "from the source")
             elif best == "SYS" and n.numa_node is not None and gpu_numas and n.numa_node not in gpu_numas:
                 n.role, n.role_reason = "storage", f"SYS to every GPU, on NUMA node {n.numa_node} which has no GPU"
             elif best in ("NODE", "SYS"):
@@ -155,9 +193,10 @@ def analyse(topo: Topology, compute_override: dict[str, bool] | None = None) -> 
     compute = [n for n in topo.nics if n.role == "compute"]
     for g in topo.gpus:
         paths = [(gpu_nic_path(topo, g, n), n) for n in compute]
-        local = [(p, n) for p, n in paths if p in LOCAL_PATHS]
-        g.nearest_nics = [n.name for p, n in sorted(local, key=lambda x: (_rank(x[0]), _natural(x[1].name)))]
-        g.nearest_path = min((p for p, _ in local), key=_rank) if local else None
+        best = min((p for p, _ in paths), key=_rank, default=None)
+        near = [n for p, n in paths if best in LOCAL_PATHS and p == best]
+        g.nearest_nics = [n.name for n in sorted(near, key=lambda n: _natural(n.name))]
+        g.nearest_path = best if near else None
 
     def first_gpu(n: Nic) -> tuple:
         served = [g for g in topo.gpus if n.name in g.nearest_nics]
@@ -172,8 +211,37 @@ def analyse(topo: Topology, compute_override: dict[str, bool] | None = None) -> 
 
 
 def _natural(name: str) -> tuple:
-    """Sort key putting mlx5_2 before mlx5_10."""
+    """Sort key putting mlx5_2 before mlx5_10; PCI bus ids (fixed-width hex) sort as text,
+    so 0000:1a:00.0 comes after 0000:10:00.0."""
+    if norm_bus_id(name) == name:
+        return (name,)
     return tuple(int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name))
+
+
+def _model(node: PciNode | None) -> tuple[str, str] | None:
+    """(vendor, device) of a PCI node when both are known and real (not 0xffff placeholders)."""
+    if node is None or not node.vendor or not node.device or node.vendor.lower() in ("0xffff", "0x0000"):
+        return None
+    return node.vendor.lower(), node.device.lower()
+
+
+def _rail_slot(topo: Topology, n: Nic, nearest_of: dict[str, list[str]]) -> str | None:
+    """The compute NIC whose slot ``n`` repeats, or None: ``n`` sits in a PCIe switch of the same
+    model as a switch that holds a compute NIC of ``n``'s model together with that NIC's GPU."""
+    node = topo.pci.get(n.pci_bus_id) if n.pci_bus_id else None
+    switch = topo.pci.get(node.parent) if node is not None and node.parent else None
+    if _model(node) is None or _model(switch) is None:
+        return None
+    gpu_bridges = {c.bus_id for g in topo.gpus if g.pci_bus_id for c in _chain(topo.pci, g.pci_bus_id)[1:]}
+    for m in topo.nics:
+        if m is n or m.name not in nearest_of or not m.pci_bus_id:
+            continue
+        m_node = topo.pci.get(m.pci_bus_id)
+        m_switch = topo.pci.get(m_node.parent) if m_node is not None and m_node.parent else None
+        if (m_switch is not None and m_switch.bus_id in gpu_bridges and _model(m_node) == _model(node)
+                and _model(m_switch) == _model(switch)):
+            return m.name
+    return None
 
 
 def rails(topo: Topology) -> list[dict]:

@@ -1,0 +1,76 @@
+"""`linkpass topology` on captured files: JSON shape, matrix, table, bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from topology.importers import parse_file
+
+CORPUS = Path(__file__).resolve().parents[2] / "fixtures" / "corpus"
+
+
+def corpus_file(rel: str) -> Path:
+    return CORPUS / rel
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "linkpass.cli", "topology", *args], capture_output=True, text=True, timeout=60)
+
+
+def test_json_document_shape_from_an_nvsmi_matrix():
+    p = run("--from", str(corpus_file("nvsmi_topo/hgx_h100_8gpu_8nic_1to1_pix.nvsmi_topo.txt")), "--json")
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(p.stdout)
+    assert doc["schema"] == "linkpass.topology/v1"
+    assert len(doc["gpus"]) == 8 and doc["gpus"][0]["nearest_nics"] == ["mlx5_0"] and doc["gpus"][0]["path"] == "PIX"
+    for g in doc["gpus"]:
+        assert set(g) >= {"index", "pci_bus_id", "numa_node", "nearest_nics", "path"}
+    for n in doc["nics"]:
+        assert set(n) >= {"name", "pci_bus_id", "role", "role_reason", "rail", "ports"}
+    assert [r["id"] for r in doc["rails"]] == list(range(8))
+    assert doc["rails"][0]["nics"] == ["mlx5_0"] and doc["rails"][7]["nics"] == ["mlx5_7"]
+    assert isinstance(doc["warnings"], list)
+
+
+def test_several_files_combine_for_one_host():
+    p = run("--from", str(corpus_file("ib_tools/gpud_h100_ib400_mixed_eth_some_down.ibstat.txt")),
+            str(corpus_file("nvsmi_topo/hgx_h100_8gpu_8nic_1to1_pix.nvsmi_topo.txt")), "--json")
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(p.stdout)
+    names = {n["name"] for n in doc["nics"]}
+    assert {"mlx5_0", "mlx5_11"} <= names
+    assert any(n["ports"] for n in doc["nics"] if n["name"] == "mlx5_0")
+
+
+def test_matrix_and_table_render():
+    f = str(corpus_file("nvsmi_topo/dgxa100_style_8xA100_10nic_amd_8numa.nvsmi_topo.txt"))
+    m = run("--from", f, "--matrix")
+    assert m.returncode == 0 and "GPU0" in m.stdout and "NIC Legend" in m.stdout and "PXB" in m.stdout
+    t = run("--from", f)
+    assert t.returncode == 0 and "compute" in t.stdout and "mlx5_8" in t.stdout
+
+
+@pytest.mark.parametrize("content,needle", [
+    (b"", "empty file"),
+    (b"\x00\x01\x02binary\x00", "binary data"),
+    (b"hello world\nnothing to see\n", "not a format linkpass reads"),
+])
+def test_bad_files_give_warnings_not_tracebacks(tmp_path, content, needle):
+    f = tmp_path / "in.txt"
+    f.write_bytes(content)
+    t = parse_file(f)
+    assert any(needle in w and str(f) in w for w in t.warnings), t.warnings
+    p = run("--from", str(f))
+    assert p.returncode == 2 and needle in p.stderr and "Traceback" not in p.stderr
+
+
+def test_missing_file_and_directory(tmp_path):
+    assert any("no such file" in w for w in parse_file(tmp_path / "nope").warnings)
+    assert any("is a directory" in w for w in parse_file(tmp_path).warnings)
+    p = run("--from", str(tmp_path / "nope"), str(corpus_file("nvsmi_topo/hgx_h100_8gpu_8nic_1to1_pix.nvsmi_topo.txt")), "--json")
+    assert p.returncode == 0 and any("no such file" in w for w in json.loads(p.stdout)["warnings"])

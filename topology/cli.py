@@ -1,0 +1,133 @@
+"""`linkpass topology`: show this host's (or captured files') GPUs, NICs, affinity and rails.
+
+    linkpass topology [--sysfs-root DIR] [--from FILE ...] [--json] [--matrix] [--no-live]
+    linkpass topology capture --out DIR [--sysfs-root DIR]
+
+With ``--from`` only the given files are read (several files may describe one host); without
+it the live host is read (sysfs under ``--sysfs-root``, default ``/``; netlink; NVML when a
+driver is present).  Exit 0 with warnings when some input was bad; 2 when nothing could be
+read at all from the files given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import sys
+
+from topology.affinity import analyse, gpu_nic_path, to_json
+from topology.model import PATH_TYPES, Topology, merge
+
+
+def _load(args) -> Topology:
+    parts: list[Topology] = []
+    if args.from_files:
+        from topology.importers import parse_file
+
+        parts += [parse_file(f) for f in args.from_files]
+    if args.sysfs_root or not args.from_files:
+        from topology.live import discover
+
+        live = not args.sysfs_root and not args.no_live
+        parts.append(discover(args.sysfs_root or "/", use_netlink=live, use_nvml=live))
+    host = args.host or (socket.gethostname() if not args.from_files else "")
+    return analyse(merge(parts, host=host))
+
+
+def _table(doc: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    c = Console()
+    title = f"host {doc['host'] or '(from files)'}: {len(doc['gpus'])} GPU(s), {len(doc['nics'])} NIC(s), {len(doc['rails'])} rail(s)"
+    c.print(f"[bold]{title}[/]")
+    if doc["gpus"]:
+        t = Table("GPU", "PCI bus id", "NUMA", "nearest compute NICs", "path")
+        for g in doc["gpus"]:
+            t.add_row("-" if g["index"] is None else str(g["index"]), g["pci_bus_id"] or "-",
+                      "-" if g["numa_node"] is None else str(g["numa_node"]), ", ".join(g["nearest_nics"]) or "(none)", g["path"])
+        c.print(t)
+    if doc["nics"]:
+        t = Table("NIC", "PCI bus id", "role", "rail", "ports", "why")
+        colors = {"compute": "green", "front-end": "cyan", "storage": "blue", "unused": "dim"}
+        for n in doc["nics"]:
+            ports = "; ".join(
+                f"{p['port']}: {p['state']}"
+                + (f" {p['link_layer']}" if p["link_layer"] else "")
+                + (f" {p['rate_gbps']:g}G" if p["rate_gbps"] else "")
+                + (f" {p['netdev']}" if p["netdev"] else "")
+                for p in n["ports"]) or "-"
+            t.add_row(n["name"], n["pci_bus_id"] or "-", f"[{colors.get(n['role'], 'white')}]{n['role']}[/]",
+                      "-" if n["rail"] is None else str(n["rail"]), ports, n["role_reason"])
+        c.print(t)
+    if doc["unclassified_devices"]:
+        c.print(f"unclassified PCI devices: {', '.join(doc['unclassified_devices'])}")
+    for w in doc["warnings"]:
+        c.print(f"[yellow]warning:[/] {w}")
+
+
+def matrix(topo: Topology) -> str:
+    """nvidia-smi-like GPU x NIC matrix of path types (``-`` where unknown), plus a legend."""
+    nics = [n for n in topo.nics]
+    head = ["", *[f"NIC{i}" for i in range(len(nics))], "NUMA"]
+    rows = [head]
+    for g in topo.gpus:
+        label = f"GPU{g.index}" if g.index is not None else (g.pci_bus_id or "GPU?")
+        rows.append([label, *[(gpu_nic_path(topo, g, n) or "-") for n in nics], "-" if g.numa_node is None else str(g.numa_node)])
+    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows]
+    lines += ["", "NIC Legend:", *[f"  NIC{i}: {n.name}" + (f" ({n.pci_bus_id})" if n.pci_bus_id and n.pci_bus_id != n.name else "")
+                                   for i, n in enumerate(nics)]]
+    lines += ["", "Legend: " + ", ".join(PATH_TYPES) + " (nvidia-smi's path types, nearest first)"]
+    return "\n".join(lines)
+
+
+def cmd_topology(args) -> int:
+    if args.action == "capture":
+        if not args.out:
+            print("linkpass topology capture: --out DIR is required", file=sys.stderr)
+            return 2
+        from topology.capture import capture
+
+        try:
+            files = capture(args.out, args.sysfs_root or "/")
+        except OSError as e:
+            print(f"linkpass topology capture: {args.out}: {e.strerror or e}", file=sys.stderr)
+            return 1
+        print(f"captured {len(files)} sysfs files into {args.out}; read them back with `linkpass topology --sysfs-root {args.out}`")
+        return 0
+    topo = _load(args)
+    doc = to_json(topo)
+    if args.from_files and not args.sysfs_root and not topo.gpus and not topo.nics and not topo.unclassified:
+        for w in topo.warnings:
+            print(f"linkpass topology: {w}", file=sys.stderr)
+        print("linkpass topology: nothing could be read from the files given", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(doc, indent=2))
+    elif args.matrix:
+        print(matrix(topo))
+        for w in topo.warnings:
+            print(f"warning: {w}", file=sys.stderr)
+    else:
+        _table(doc)
+    return 0
+
+
+def register(subparsers) -> argparse.ArgumentParser:
+    """Add the ``topology`` sub-command to the ``linkpass`` parser."""
+    p = subparsers.add_parser("topology", help="GPUs, NICs, PCIe affinity and rails of this host or of captured files")
+    p.add_argument("action", nargs="?", choices=["show", "capture"], default="show",
+                   help="show (default) or capture the sysfs files discovery reads into --out DIR")
+    p.add_argument("--sysfs-root", metavar="DIR", help="read a captured sysfs tree instead of /")
+    p.add_argument("--from", dest="from_files", nargs="+", metavar="FILE", default=[],
+                   help="captured tool outputs: NCCL topology XML, nvidia-smi topo -m/-mp, ibstat, ibstatus, "
+                        "ibv_devinfo, ibdev2netdev, rdma link (several files may describe one host)")
+    p.add_argument("--json", action="store_true", help="print the linkpass.topology/v1 JSON document")
+    p.add_argument("--matrix", action="store_true", help="print an nvidia-smi-like GPU x NIC matrix")
+    p.add_argument("--no-live", action="store_true", help="do not ask netlink or NVML (sysfs only)")
+    p.add_argument("--host", help="host name to report (default: this host's name when reading it live)")
+    p.add_argument("--out", metavar="DIR", help="capture: where to write the sysfs tree")
+    p.set_defaults(func=cmd_topology)
+    return p
