@@ -28,7 +28,9 @@ Roles, with the reason kept for the operator:
 
 Rails: compute NICs are numbered 0..N-1 in the order of the GPU they serve (lowest GPU index or
 bus id first), then by name, so that rail k is "the k-th GPU's NIC" on every host of the same
-model: NCCL's rail-optimized layouts assume exactly this.
+model: NCCL's rail-optimized layouts assume exactly this.  When a compute NIC's GPU is missing
+from the source, NICs are numbered in PCI bus order instead, which is the same on every host of
+the same model.
 """
 
 from __future__ import annotations
@@ -205,7 +207,14 @@ def analyse(topo: Topology, compute_override: dict[str, bool] | None = None) -> 
         g = min(served, key=lambda g: (g.index if g.index is not None else 1 << 30, g.pci_bus_id or ""))
         return (0, (g.index if g.index is not None else 1 << 30, g.pci_bus_id or ""))
 
-    for rail, n in enumerate(sorted(compute, key=lambda n: (first_gpu(n), _natural(n.name)))):
+    if compute and all(n.pci_bus_id for n in compute) and any(not any(n.name in g.nearest_nics for g in topo.gpus) for n in compute):
+        # a compute NIC whose GPU is missing from the source (fell off the bus, cut-off dump):
+        # GPU order cannot place it, PCI order can, and PCI order is the same on every host of
+        # the same model, so rail k stays "the k-th NIC slot" across hosts
+        order = sorted(compute, key=lambda n: n.pci_bus_id)
+    else:
+        order = sorted(compute, key=lambda n: (first_gpu(n), _natural(n.name)))
+    for rail, n in enumerate(order):
         n.rail = rail
     return topo
 
@@ -225,11 +234,26 @@ def _model(node: PciNode | None) -> tuple[str, str] | None:
     return node.vendor.lower(), node.device.lower()
 
 
+def _switch_of(pci: dict[str, PciNode], node: PciNode | None) -> PciNode | None:
+    """The PCIe switch a device sits in: the ancestor reached after two bridge levels
+    (sysfs: downstream port, then upstream port; NCCL XML: one switch element of weight 2)."""
+    if node is None:
+        return None
+    levels = 0
+    cur = pci.get(node.parent) if node.parent else None
+    while cur is not None:
+        levels += cur.weight
+        if levels >= 2:
+            return cur
+        cur = pci.get(cur.parent) if cur.parent else None
+    return None
+
+
 def _rail_slot(topo: Topology, n: Nic, nearest_of: dict[str, list[str]]) -> str | None:
     """The compute NIC whose slot ``n`` repeats, or None: ``n`` sits in a PCIe switch of the same
     model as a switch that holds a compute NIC of ``n``'s model together with that NIC's GPU."""
     node = topo.pci.get(n.pci_bus_id) if n.pci_bus_id else None
-    switch = topo.pci.get(node.parent) if node is not None and node.parent else None
+    switch = _switch_of(topo.pci, node)
     if _model(node) is None or _model(switch) is None:
         return None
     gpu_bridges = {c.bus_id for g in topo.gpus if g.pci_bus_id for c in _chain(topo.pci, g.pci_bus_id)[1:]}
@@ -237,7 +261,7 @@ def _rail_slot(topo: Topology, n: Nic, nearest_of: dict[str, list[str]]) -> str 
         if m is n or m.name not in nearest_of or not m.pci_bus_id:
             continue
         m_node = topo.pci.get(m.pci_bus_id)
-        m_switch = topo.pci.get(m_node.parent) if m_node is not None and m_node.parent else None
+        m_switch = _switch_of(topo.pci, m_node)
         if (m_switch is not None and m_switch.bus_id in gpu_bridges and _model(m_node) == _model(node)
                 and _model(m_switch) == _model(switch)):
             return m.name

@@ -166,6 +166,8 @@ class Topology:
     unclassified: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     sources: list[str] = field(default_factory=list)
+    #: netdev name -> {"operstate", "carrier", "addresses"} as netlink reported them (live only)
+    links: dict[str, dict] = field(default_factory=dict)
 
     def nic(self, name: str) -> Nic | None:
         return next((n for n in self.nics if n.name == name), None)
@@ -202,6 +204,8 @@ def merge(parts: list[Topology], host: str = "") -> Topology:
         out.unclassified += [u for u in t.unclassified if u not in out.unclassified]
         for k, v in t.paths.items():
             out.paths.setdefault(k, v)
+        for k, v in t.links.items():
+            out.links.setdefault(k, v)
         for g in t.gpus:
             same = next((x for x in out.gpus if (g.pci_bus_id and x.pci_bus_id == g.pci_bus_id)
                          or (g.pci_bus_id is None and g.index is not None and x.index == g.index)), None)
