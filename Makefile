@@ -41,6 +41,7 @@ unit: install
 bench: install
 	$(BIN)/python bench/detect_reroute.py --cuts 50 --json bench/results/detect_reroute.json
 	$(BIN)/python bench/daemon_footprint.py --json bench/results/daemon_footprint.json
+	$(BIN)/python bench/topology_speed.py --runs 10 --json bench/results/topology_speed.json
 
 clean:
 	rm -rf $(VENV) *.egg-info demo-result.json

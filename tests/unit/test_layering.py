@@ -106,3 +106,26 @@ def test_checker_catches_forbidden_imports(src):
 )
 def test_checker_allows_pure_imports(src):
     assert violations(src) == []
+
+
+# topology: the pure parts (model, affinity, importers) parse and decide; only the readers
+# (sysfs.py, live.py, capture.py) and the CLI touch the host.
+TOPOLOGY = Path(linkpass.__file__).resolve().parent.parent / "topology"
+TOPOLOGY_PURE = ["model.py", "affinity.py", "importers/__init__.py", "importers/ibtools.py", "importers/nvsmi.py", "importers/nccl_xml.py"]
+TOPOLOGY_FORBIDDEN = (FORBIDDEN - {"os"}) | {"topology.sysfs", "topology.live", "topology.capture", "topology.cli", "linkpass"}
+
+
+@pytest.mark.parametrize("rel", TOPOLOGY_PURE)
+def test_topology_pure_parts_import_nothing_with_side_effects(rel):
+    src = (TOPOLOGY / rel).read_text(encoding="utf-8")
+    bad = []
+    for line, mod in imported_modules(ast.parse(src, rel)):
+        for f in TOPOLOGY_FORBIDDEN:
+            if mod == f or mod.startswith(f + "."):
+                bad.append(f"{rel}:{line}: imports {mod}")
+    assert bad == []
+
+
+def test_torch_hooks_imports_no_torch_at_package_level():
+    src = (TOPOLOGY.parent / "torch_hooks" / "__init__.py").read_text(encoding="utf-8")
+    assert violations(src, "torch_hooks/__init__.py") == []
