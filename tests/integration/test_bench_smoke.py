@@ -38,3 +38,12 @@ def test_daemon_footprint_smoke(tmp_path):
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     r = json.loads(out.read_text())
     assert all(d["vmrss_mb"] > 0 for d in r["daemons"])
+
+
+def test_topology_speed_smoke(tmp_path):
+    out = tmp_path / "ts.json"
+    p = subprocess.run([sys.executable, str(BENCH / "topology_speed.py"), "--runs", "1", "--json", str(out)],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    r = json.loads(out.read_text())
+    assert [t["gpus"] for t in r["trees"]] == [8, 8] and all(t["rails"] == 8 for t in r["trees"])
