@@ -20,8 +20,39 @@ from topology.affinity import analyse, gpu_nic_path, to_json
 from topology.model import PATH_TYPES, Topology, merge
 
 
+CAPTURE_META = "linkpass-capture.json"
+
+
+class InputError(Exception):
+    """The inputs named on the command line cannot be used at all (exit 2)."""
+
+
+def _check_sysfs_root(root: str) -> None:
+    from pathlib import Path
+
+    p = Path(root)
+    if not p.exists():
+        raise InputError(f"--sysfs-root {root}: no such directory")
+    if not p.is_dir():
+        raise InputError(f"--sysfs-root {root}: not a directory")
+    if not any((p / "sys" / sub).is_dir() for sub in ("bus/pci/devices", "class/net", "class/infiniband")):
+        raise InputError(f"--sysfs-root {root}: not a captured sysfs tree (no {root.rstrip('/')}/sys/bus/pci/devices, "
+                         f"sys/class/net or sys/class/infiniband); make one with `linkpass topology capture --out DIR`")
+
+
+def _captured_host(root: str) -> str:
+    from pathlib import Path
+
+    try:
+        return str(json.loads((Path(root) / CAPTURE_META).read_text()).get("host") or "")
+    except (OSError, ValueError, AttributeError):
+        return ""
+
+
 def _load(args) -> Topology:
     parts: list[Topology] = []
+    if args.sysfs_root:
+        _check_sysfs_root(args.sysfs_root)
     if args.from_files:
         from topology.importers import parse_file
 
@@ -31,7 +62,8 @@ def _load(args) -> Topology:
 
         live = not args.sysfs_root and not args.no_live
         parts.append(discover(args.sysfs_root or "/", use_netlink=live, use_nvml=live))
-    host = args.host or (socket.gethostname() if not args.from_files else "")
+    host = args.host or (_captured_host(args.sysfs_root) if args.sysfs_root else "") \
+        or (socket.gethostname() if not args.from_files and not args.sysfs_root else "")
     return analyse(merge(parts, host=host))
 
 
@@ -92,12 +124,21 @@ def cmd_topology(args) -> int:
 
         try:
             files = capture(args.out, args.sysfs_root or "/")
+            from pathlib import Path
+
+            host = _captured_host(args.sysfs_root) if args.sysfs_root else socket.gethostname()
+            (Path(args.out) / CAPTURE_META).write_text(json.dumps({"schema": "linkpass.capture/v1", "host": host,
+                                                                    "files": len(files)}) + "\n")
         except OSError as e:
             print(f"linkpass topology capture: {args.out}: {e.strerror or e}", file=sys.stderr)
             return 1
         print(f"captured {len(files)} sysfs files into {args.out}; read them back with `linkpass topology --sysfs-root {args.out}`")
         return 0
-    topo = _load(args)
+    try:
+        topo = _load(args)
+    except InputError as e:
+        print(f"linkpass topology: {e}", file=sys.stderr)
+        return 2
     doc = to_json(topo)
     if args.from_files and not args.sysfs_root and not topo.gpus and not topo.nics and not topo.unclassified:
         for w in topo.warnings:
@@ -124,8 +165,9 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--from", dest="from_files", nargs="+", metavar="FILE", default=[],
                    help="captured tool outputs: NCCL topology XML, nvidia-smi topo -m/-mp, ibstat, ibstatus, "
                         "ibv_devinfo, ibdev2netdev, rdma link (several files may describe one host)")
-    p.add_argument("--json", action="store_true", help="print the linkpass.topology/v1 JSON document")
-    p.add_argument("--matrix", action="store_true", help="print an nvidia-smi-like GPU x NIC matrix")
+    out = p.add_mutually_exclusive_group()
+    out.add_argument("--json", action="store_true", help="print the linkpass.topology/v1 JSON document")
+    out.add_argument("--matrix", action="store_true", help="print an nvidia-smi-like GPU x NIC matrix")
     p.add_argument("--no-live", action="store_true", help="do not ask netlink or NVML (sysfs only)")
     p.add_argument("--host", help="host name to report (default: this host's name when reading it live)")
     p.add_argument("--out", metavar="DIR", help="capture: where to write the sysfs tree")

@@ -196,6 +196,7 @@ def merge(parts: list[Topology], host: str = "") -> Topology:
     then by index.  Warnings and sources are concatenated.
     """
     out = Topology(host=host or next((p.host for p in parts if p.host), ""))
+    _warn_disjoint_gpus(parts, out)
     for t in parts:
         out.sources += t.sources
         out.warnings += t.warnings
@@ -230,14 +231,37 @@ def merge(parts: list[Topology], host: str = "") -> Topology:
             same.bond_members += [d for d in n.bond_members if d not in same.bond_members]
             for p in n.ports:
                 q = same.port(p.port)
+                src = ", ".join(t.sources) or "another source"
                 if q.state == "UNKNOWN":
                     q.state = p.state
+                elif p.state not in ("UNKNOWN", q.state):
+                    out.warnings.append(f"{same.name}/{p.port}: state {q.state} from an earlier source, {p.state} in {src}; "
+                                        f"keeping {q.state} (sources disagree: captured at different times?)")
                 for attr in ("phys_state", "link_layer", "rate_gbps", "netdev"):
-                    if getattr(q, attr) is None:
-                        setattr(q, attr, getattr(p, attr))
+                    mine, theirs = getattr(q, attr), getattr(p, attr)
+                    if mine is None:
+                        setattr(q, attr, theirs)
+                    elif theirs is not None and theirs != mine:
+                        out.warnings.append(f"{same.name}/{p.port}: {attr} {mine} from an earlier source, {theirs} in {src}; keeping {mine}")
                 if not q.gids:
                     q.gids = list(p.gids)
     return out
+
+
+def _warn_disjoint_gpus(parts: list[Topology], out: Topology) -> None:
+    """Warn when two sources both list GPUs and none of them match: they may describe
+    different hosts (or one names GPUs by index, the other by bus id only)."""
+    with_gpus = [t for t in parts if t.gpus]
+    for i, a in enumerate(with_gpus):
+        for b in with_gpus[i + 1:]:
+            bus_a = {g.pci_bus_id for g in a.gpus if g.pci_bus_id}
+            bus_b = {g.pci_bus_id for g in b.gpus if g.pci_bus_id}
+            idx_a = {g.index for g in a.gpus if g.index is not None}
+            idx_b = {g.index for g in b.gpus if g.index is not None}
+            if not (bus_a & bus_b) and not (idx_a & idx_b and not (bus_a and bus_b)):
+                out.warnings.append(f"{', '.join(a.sources) or 'a source'} and {', '.join(b.sources) or 'another source'}: "
+                                    "no GPU in common (different hosts, or one names GPUs only by index and the other "
+                                    "only by bus id); their GPUs are listed separately")
 
 
 def _is_bus_name(name: str) -> bool:

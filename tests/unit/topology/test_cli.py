@@ -74,3 +74,31 @@ def test_missing_file_and_directory(tmp_path):
     assert any("is a directory" in w for w in parse_file(tmp_path).warnings)
     p = run("--from", str(tmp_path / "nope"), str(corpus_file("nvsmi_topo/hgx_h100_8gpu_8nic_1to1_pix.nvsmi_topo.txt")), "--json")
     assert p.returncode == 0 and any("no such file" in w for w in json.loads(p.stdout)["warnings"])
+
+
+def test_sysfs_root_that_is_not_a_tree_is_exit_2(tmp_path):
+    for root, needle in ((tmp_path / "nope", "no such directory"), (tmp_path, "not a captured sysfs tree")):
+        p = run("--sysfs-root", str(root))
+        assert p.returncode == 2 and needle in p.stderr and str(root) in p.stderr
+
+
+def test_sources_that_disagree_are_warned():
+    a = str(corpus_file("ib_tools/dgx_spark_gb10_cx7_ibdev2netdev_ibv_devinfo_2of4_down.txt"))
+    b = str(corpus_file("ib_tools/dgx_spark_gx10_rdma_link_ibv_devices_all_active.txt"))
+    doc = json.loads(run("--from", a, b, "--json").stdout)
+    assert any("rocep1s0f0/1: state DOWN" in w and "ACTIVE" in w for w in doc["warnings"])
+    x = str(corpus_file("nccl_topo/azure_ndv4-topo.xml"))
+    y = str(corpus_file("nvsmi_topo/hgx_h100_8gpu_8nic_1to1_pix.nvsmi_topo.txt"))
+    doc = json.loads(run("--from", x, y, "--json").stdout)
+    assert any("no GPU in common" in w for w in doc["warnings"])
+
+
+def test_capture_records_the_host_and_reads_back(tmp_path):
+    import socket
+
+    out = tmp_path / "cap"
+    p = run("capture", "--out", str(out))
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(run("--sysfs-root", str(out), "--json").stdout)
+    assert doc["host"] == socket.gethostname()
+    assert json.loads(run("--sysfs-root", str(out), "--json", "--host", "node-a").stdout)["host"] == "node-a"
