@@ -123,15 +123,44 @@ class PeerSection(_Strict):
         return v
 
 
+class TopologySection(_Strict):
+    """The ``[topology]`` table: take rails and peers from discovery instead of spelling them out.
+
+    With ``rails = "auto"`` the daemon reads the host's topology at start and on SIGHUP
+    (``linkpass topology`` shows the same result): every compute NIC with a rail number becomes
+    a rail, served by its port's netdev (the bond netdev for an RDMA bond), with that netdev's
+    IPv4 address.  ``peers_file`` lists the job's hosts, one ``name host_ip`` per line (``#``
+    starts a comment), e.g. generated from the scheduler's host list; a peer's address on rail
+    k is rail k's subnet (from this host's address on it) with the host bits of the peer's
+    host IP: the common layout where a host has the same host part on every rail.
+    """
+
+    rails: Literal["config", "auto"] = Field("config", description='"config": [[rails]] as written; "auto": from topology discovery.')
+    sysfs_root: str = Field("/", description="Where discovery reads sysfs (a captured tree for tests).")
+    peers_file: str | None = Field(None, description="File of `name host_ip` lines: the job's hosts (this host is skipped).")
+    compute_nics: list[str] = Field(default_factory=list, description="NICs to treat as compute rails whatever discovery says.")
+    exclude_nics: list[str] = Field(default_factory=list, description="NICs never to treat as compute rails.")
+
+
 class Config(_Strict):
     """The whole validated configuration."""
 
     daemon: DaemonSection
-    rails: list[RailSection] = Field(min_length=1)
+    rails: list[RailSection] = Field(default_factory=list)
     peers: list[PeerSection] = Field(default_factory=list)
+    topology: TopologySection = Field(default_factory=TopologySection)
+
+    @property
+    def auto(self) -> bool:
+        """True when rails (and peers from peers_file) come from discovery at run time."""
+        return self.topology.rails == "auto"
 
     @model_validator(mode="after")
     def _cross_checks(self) -> "Config":
+        if self.topology.rails == "config" and not self.rails:
+            raise ValueError('rails: at least one [[rails]] entry is required (or set [topology] rails = "auto")')
+        if self.topology.rails == "auto" and self.rails:
+            raise ValueError('rails: leave [[rails]] out when [topology] rails = "auto" (rails come from discovery)')
         ids = [r.id for r in self.rails]
         if len(set(ids)) != len(ids):
             raise ValueError(f"rails: duplicate rail id in {ids}")
@@ -147,7 +176,7 @@ class Config(_Strict):
             if self.daemon.mode == "host-ip" and p.host_ip is None:
                 raise ValueError(f"peers[{i}].host_ip: required when mode = \"host-ip\"")
             unknown = sorted(set(p.rail_ips) - set(ids))
-            if unknown:
+            if unknown and not self.auto:
                 raise ValueError(f"peers[{i}].rail_ips: rail id(s) {unknown} are not in [[rails]]")
         if self.daemon.mode == "per-rail-ip":
             for i, r in enumerate(self.rails):

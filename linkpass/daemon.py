@@ -53,6 +53,11 @@ class Daemon:
 
     def __init__(self, config_path: str, cfg: Config):
         self.config_path = config_path
+        self.source_cfg = cfg
+        self.autoconf_notes: list[str] = []
+        self.autoconf_warnings: list[str] = []
+        if cfg.auto:
+            cfg = self._resolve(cfg)
         self.cfg = cfg
         self.queue: asyncio.Queue = asyncio.Queue()
         self.engine = Engine(cfg)
@@ -73,6 +78,36 @@ class Daemon:
         self.tasks: dict[str, asyncio.Task] = {}
         self._tuned: set[str] = set()
         self.reload_error: str | None = None
+
+    def _resolve(self, cfg: Config) -> Config:
+        """``[topology] rails = "auto"``: discover this host and derive rails and peers.
+
+        Raises:
+            ConfigError: no usable rail was found, or the peers file cannot be read.
+        """
+        from linkpass.autoconf import resolve
+        from topology.affinity import analyse, to_json
+        from topology.live import discover
+
+        t = cfg.topology
+        topo = discover(t.sysfs_root, use_netlink=True, use_nvml=(t.sysfs_root in ("/", "")))
+        override = {n: True for n in t.compute_nics} | {n: False for n in t.exclude_nics}
+        doc = to_json(analyse(topo, override))
+        peers_text = None
+        if t.peers_file:
+            try:
+                peers_text = Path(t.peers_file).read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as e:
+                raise ConfigError(f"{self.config_path}: topology.peers_file: {t.peers_file}: cannot read: "
+                                  f"{getattr(e, 'strerror', None) or e}") from None
+        res = resolve(cfg, doc, topo.links, peers_text, t.peers_file or "peers_file")
+        self.autoconf_notes = res.notes
+        self.autoconf_warnings = res.warnings + [w for w in topo.warnings if not w.startswith("nvml: not used")]
+        for n in res.notes:
+            log.info("topology: %s", n)
+        for w in self.autoconf_warnings:
+            log.warning("topology: %s", w)
+        return res.config
 
     def _route_filter(self, dst: str, proto: int) -> bool:
         return proto == self.cfg.daemon.route_protocol or dst in all_destinations(self.cfg)
@@ -117,6 +152,9 @@ class Daemon:
         st = {"schema": STATUS_SCHEMA, "pid": os.getpid(), "uptime_s": round((now - self.started_ns) / 1e9, 3), **self.engine.status(now)}
         if self.reload_error:
             st["warnings"] = st["warnings"] + [self.reload_error]
+        if self.source_cfg.auto:
+            st["topology"] = {"rails": "auto", "sysfs_root": self.source_cfg.topology.sysfs_root, "notes": self.autoconf_notes}
+            st["warnings"] = st["warnings"] + self.autoconf_warnings
         st["counters"] = {
             "events_handled": self.events_handled,
             "netlink_resyncs": self.monitor.resyncs,
@@ -201,6 +239,9 @@ class Daemon:
     def _reload(self) -> None:
         try:
             cfg = load_config(self.config_path)
+            self.source_cfg = cfg
+            if cfg.auto:
+                cfg = self._resolve(cfg)
             key = read_key_file(cfg.daemon.notice_key_file) if cfg.daemon.notice_key_file else None
         except ConfigError as e:
             log.error("reload refused, keeping the running config: %s", e)

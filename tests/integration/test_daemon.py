@@ -241,7 +241,7 @@ def test_per_rail_ip_mode_reroutes_rail_addresses(tmp_path):
 
 @pytest.mark.parametrize("content,needle", [
     (None, "no such file"),
-    ("[daemon]\nhost = 'h0'\nmode = 'host-ip'\nhost_ip = '198.19.0.1'\n", "rails: Field required"),
+    ("[daemon]\nhost = 'h0'\nmode = 'host-ip'\nhost_ip = '198.19.0.1'\n", "rails: at least one [[rails]] entry is required"),
     ("[daemon]\nhost = 'h0'\nhost_ip = '198.19.0.1'\n[[rails]]\nid = 0\nnetdev = 'rail0'\nbogus = 1\n", "rails[0].bogus"),
     ("[daemon]\nhost = 'h0'\nhost_ip = 'not-an-ip'\n[[rails]]\nid = 0\nnetdev = 'rail0'\n", "daemon.host_ip"),
     ("[daemon\n", "not valid TOML"),
