@@ -220,11 +220,12 @@ def analyse(topo: Topology, compute_override: dict[str, bool] | None = None) -> 
 
 
 def _natural(name: str) -> tuple:
-    """Sort key putting mlx5_2 before mlx5_10; PCI bus ids (fixed-width hex) sort as text,
-    so 0000:1a:00.0 comes after 0000:10:00.0."""
+    """Sort key putting mlx5_2 before mlx5_10 (and rocep1s0f1 before roceP2p1s0f1: case does
+    not count); PCI bus ids (fixed-width hex) sort as text, so 0000:1a:00.0 comes after
+    0000:10:00.0."""
     if norm_bus_id(name) == name:
         return (name,)
-    return tuple(int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name))
+    return tuple(int(t) if t.isdigit() else t.lower() for t in re.split(r"(\d+)", name))
 
 
 def _model(node: PciNode | None) -> tuple[str, str] | None:

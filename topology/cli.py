@@ -81,16 +81,18 @@ def _table(doc: dict) -> None:
                       "-" if g["numa_node"] is None else str(g["numa_node"]), ", ".join(g["nearest_nics"]) or "(none)", g["path"])
         c.print(t)
     if doc["nics"]:
-        t = Table("NIC", "PCI bus id", "role", "rail", "ports", "why")
+        t = Table("NIC", "PCI bus id", "netdevs", "role", "rail", "ports", "why")
         colors = {"compute": "green", "front-end": "cyan", "storage": "blue", "unused": "dim"}
         for n in doc["nics"]:
             ports = "; ".join(
-                f"{p['port']}: {p['state']}"
+                f"{p['port']}: {p['state'] if p['state'] != 'UNKNOWN' else 'state ?'}"
                 + (f" {p['link_layer']}" if p["link_layer"] else "")
                 + (f" {p['rate_gbps']:g}G" if p["rate_gbps"] else "")
                 + (f" {p['netdev']}" if p["netdev"] else "")
                 for p in n["ports"]) or "-"
-            t.add_row(n["name"], n["pci_bus_id"] or "-", f"[{colors.get(n['role'], 'white')}]{n['role']}[/]",
+            devs = sorted({*n["netdevs"], *(p["netdev"] for p in n["ports"] if p["netdev"])})
+            t.add_row(n["name"], "" if n["pci_bus_id"] == n["name"] else (n["pci_bus_id"] or "-"), ", ".join(devs) or "-",
+                      f"[{colors.get(n['role'], 'white')}]{n['role']}[/]",
                       "-" if n["rail"] is None else str(n["rail"]), ports, n["role_reason"])
         c.print(t)
     if doc["unclassified_devices"]:
@@ -102,6 +104,8 @@ def _table(doc: dict) -> None:
 def matrix(topo: Topology) -> str:
     """nvidia-smi-like GPU x NIC matrix of path types (``-`` where unknown), plus a legend."""
     nics = [n for n in topo.nics]
+    if not topo.gpus or not nics:
+        return f"no GPU x NIC matrix: {len(topo.gpus)} GPU(s) and {len(nics)} NIC(s) known"
     head = ["", *[f"NIC{i}" for i in range(len(nics))], "NUMA"]
     rows = [head]
     for g in topo.gpus:
