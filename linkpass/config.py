@@ -123,6 +123,38 @@ class PeerSection(_Strict):
         return v
 
 
+class ProbeSection(_Strict):
+    """The ``[probe]`` table: active per-rail probing for gray failures (carrier up, traffic lost)."""
+
+    enabled: bool = Field(True, description="Probe peers over every rail.")
+    port: StrictInt = Field(7472, ge=1, le=65535, description="UDP port of the probe responder.")
+    interval_ms: StrictInt = Field(10, ge=1, le=60_000, description="Fast-set probe interval per path (BFD: desired min TX).")
+    detect_multiplier: StrictInt = Field(3, ge=1, le=255, description="Missed probes in a row that make a path DOWN (BFD: detect mult).")
+    fast_peers: StrictInt = Field(4, ge=0, le=1024, description="Peers per rail probed at the fast interval (configured/registered first, then a random sample).")
+    slow_interval_ms: StrictInt = Field(1000, ge=10, le=600_000, description="Interval at which the other peers are swept.")
+    max_pps: StrictInt = Field(2000, ge=1, le=1_000_000, description="Upper bound on probes sent per second by this host, whatever the peer count.")
+    rail_down_share: float = Field(0.5, gt=0, le=1, description="A rail fails when this share of its probed peers are DOWN.")
+    loss_window_ms: StrictInt = Field(2000, ge=100, le=600_000, description="Window for the loss ratio of a rail.")
+    degraded_loss: float = Field(0.1, gt=0, le=1, description="Loss ratio over the window that marks a rail DEGRADED.")
+
+
+class DampingSection(_Strict):
+    """The ``[damping]`` table: flap damping per rail (the RFC 2439 idea)."""
+
+    enabled: bool = True
+    penalty: StrictInt = Field(1000, ge=1, le=1_000_000, description="Penalty added per down event.")
+    half_life_ms: StrictInt = Field(15_000, ge=100, le=3_600_000, description="Penalty halves every half-life.")
+    suppress: StrictInt = Field(2500, ge=1, le=10_000_000, description="Above this penalty the rail stays out of use.")
+    reuse: StrictInt = Field(800, ge=0, le=10_000_000, description="A suppressed rail is used again once the penalty decays below this.")
+    max_penalty: StrictInt = Field(8000, ge=1, le=100_000_000, description="Penalty ceiling (bounds the longest suppression).")
+
+    @model_validator(mode="after")
+    def _limits(self) -> "DampingSection":
+        if not self.reuse < self.suppress <= self.max_penalty:
+            raise ValueError("reuse: must be below suppress, and suppress at most max_penalty")
+        return self
+
+
 class TopologySection(_Strict):
     """The ``[topology]`` table: take rails and peers from discovery instead of spelling them out.
 
@@ -149,6 +181,8 @@ class Config(_Strict):
     rails: list[RailSection] = Field(default_factory=list)
     peers: list[PeerSection] = Field(default_factory=list)
     topology: TopologySection = Field(default_factory=TopologySection)
+    probe: ProbeSection = Field(default_factory=ProbeSection)
+    damping: DampingSection = Field(default_factory=DampingSection)
 
     @property
     def auto(self) -> bool:

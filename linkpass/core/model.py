@@ -129,6 +129,28 @@ class RoutesApplied:
 
 
 @dataclass(frozen=True)
+class ProbeResult:
+    """The outcome of one probe on one path (rail, peer), from the prober.
+
+    Attributes:
+        rail: local rail id the probe left on.
+        peer: peer host name.
+        ok: True when the authenticated reply came back in time; False when the probe's
+            deadline (the probe interval) passed without a reply.
+        rtt_ns: round-trip time (ok only).
+        seq: the probe's sequence number.
+        t_ns: when the reply arrived / the deadline passed.
+    """
+
+    rail: int
+    peer: str
+    ok: bool
+    t_ns: int
+    rtt_ns: int | None = None
+    seq: int = 0
+
+
+@dataclass(frozen=True)
 class Tick:
     """A timer the engine asked for has expired."""
 
@@ -144,7 +166,7 @@ class Drain:
     t_ns: int
 
 
-Event = Union[LinkChanged, LinkSnapshot, AddrChanged, RouteChanged, PeerRails, RoutesApplied, Tick, Drain]
+Event = Union[LinkChanged, LinkSnapshot, AddrChanged, RouteChanged, PeerRails, RoutesApplied, ProbeResult, Tick, Drain]
 
 # --------------------------------------------------------------------------- routes
 
