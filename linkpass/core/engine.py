@@ -27,12 +27,14 @@ from linkpass.core.model import (
     LinkFacts,
     LinkSnapshot,
     PeerRails,
+    ProbeResult,
     RouteChanged,
     RoutesApplied,
     SendNotice,
     SetTimer,
     Tick,
 )
+from linkpass.core.paths import PathHealth, PathState
 from linkpass.core.planner import Plan, all_destinations, plan_routes
 
 log = logging.getLogger("linkpass.engine")
@@ -73,6 +75,10 @@ class Engine:
         self._timer_at: int | None = None
         self._plan_usable: frozenset[int] = frozenset()
         self._resync_routes = False
+        self.paths: dict[tuple[int, str], PathHealth] = {}
+        self.probe_failed: dict[int, str] = {}   # rail -> why its probes say it is failed
+        self.loss: dict[int, deque] = {}          # rail -> deque of (t_ns, ok) within the loss window
+        self.degraded: set[int] = set()
         self._configure(cfg)
 
     # ------------------------------------------------------------------ config
@@ -119,6 +125,8 @@ class Engine:
             return self._on_snapshot(event, now_ns)
         if isinstance(event, LinkChanged):
             return self._on_link(event, now_ns)
+        if isinstance(event, ProbeResult):
+            return self._on_probe(event, now_ns)
         if isinstance(event, Tick):
             return self._on_tick(now_ns)
         if isinstance(event, PeerRails):
@@ -222,10 +230,61 @@ class Engine:
 
     # ------------------------------------------------------------------ helpers
 
+    def _on_probe(self, ev: ProbeResult, now_ns: int) -> list[Action]:
+        """A probe result: path state, the rail's probe verdict and loss window.  Replans only
+        when one of them changes (results arrive hundreds of times a second)."""
+        if ev.rail not in self.rails or ev.peer not in {p.name for p in self.cfg.peers}:
+            return []
+        pc = self.cfg.probe
+        key = (ev.rail, ev.peer)
+        path = self.paths.get(key)
+        if path is None:
+            path = self.paths[key] = PathHealth(ev.rail, ev.peer, pc.detect_multiplier)
+        changed = False
+        t = path.on_result(ev.ok, now_ns, ev.rtt_ns)
+        if t:
+            self._record("path", now_ns, {"rail": ev.rail, "peer": ev.peer, "old": t[0].value, "new": t[1].value, "event_t_ns": ev.t_ns})
+            changed = t[0] == PathState.DOWN or t[1] == PathState.DOWN
+        # the rail's verdict: failed when more than rail_down_share of its probed peers are DOWN
+        probed = [p for (r, _), p in self.paths.items() if r == ev.rail and p.state != PathState.UNKNOWN]
+        down = [p for p in probed if p.state == PathState.DOWN]
+        failed = bool(probed) and len(down) / len(probed) > pc.rail_down_share
+        was = ev.rail in self.probe_failed
+        if failed != was:
+            if failed:
+                self.probe_failed[ev.rail] = f"probes: {len(down)}/{len(probed)} peers unreachable over rail {ev.rail}"
+            else:
+                del self.probe_failed[ev.rail]
+            self._eval_rail(ev.rail, ev.t_ns, now_ns)
+            changed = True
+        # loss over the window -> DEGRADED
+        win = self.loss.setdefault(ev.rail, deque())
+        win.append((now_ns, ev.ok))
+        horizon = now_ns - pc.loss_window_ms * 1_000_000
+        while win and win[0][0] < horizon:
+            win.popleft()
+        if len(win) >= 20:
+            ratio = sum(1 for _, ok in win if not ok) / len(win)
+            deg = ratio > pc.degraded_loss
+            if deg != (ev.rail in self.degraded):
+                (self.degraded.add if deg else self.degraded.discard)(ev.rail)
+                self._record("degraded" if deg else "recovered", now_ns, {"rail": ev.rail, "loss": round(ratio, 4)})
+                log.warning("rail %d: %s (loss %.1f%% over %d probes)", ev.rail, "DEGRADED" if deg else "no longer degraded", 100 * ratio, len(win))
+                changed = True
+        if not changed or not self.synced:
+            return []
+        return self._replan(now_ns, f"probes on rail {ev.rail}")
+
+    def rail_loss(self, rid: int) -> float | None:
+        win = self.loss.get(rid)
+        return None if not win else round(sum(1 for _, ok in win if not ok) / len(win), 4)
+
     def _eval_rail(self, rid: int, event_ns: int, now_ns: int) -> None:
         netdev = next(r.netdev for r in self.cfg.rails if r.id == rid)
         facts = self.links.get(netdev) or LinkFacts(netdev, present=False, admin_up=False, carrier=False, operstate="NOTPRESENT")
-        t = self.rails[rid].on_link(facts.healthy, facts.why_not() or f"{netdev} up", now_ns)
+        ok = facts.healthy and rid not in self.probe_failed
+        reason = facts.why_not() or self.probe_failed.get(rid) or f"{netdev} up"
+        t = self.rails[rid].on_link(ok, reason, now_ns)
         if t:
             self._record_transition(t, now_ns, event_ns)
         if not (facts.present and facts.admin_up):
@@ -247,7 +306,8 @@ class Engine:
         if not self.synced:
             return []  # no plan (and no notice) before the first link dump: we know nothing yet
         actions: list[Action] = []
-        plan = plan_routes(self.cfg, self.local_usable(), self.peer_usable)
+        path_down = frozenset(k for k, p in self.paths.items() if p.state == PathState.DOWN)
+        plan = plan_routes(self.cfg, self.local_usable(), self.peer_usable, path_down, frozenset(self.degraded))
         prev_usable = None if self.plan is None else self._plan_usable
         usable = self.local_usable()
         changed = self.plan is None or plan != self.plan or usable != prev_usable
@@ -290,6 +350,9 @@ class Engine:
                 "hold_down_left_ms": round(max(0, h.hold_until_ns - now_ns) / 1e6, 3) if h.hold_until_ns else None,
                 "link": None if f is None else {"present": f.present, "admin_up": f.admin_up, "carrier": f.carrier, "operstate": f.operstate},
                 "addresses": sorted(self.addrs.get(r.netdev, ())),
+                "degraded": r.id in self.degraded,
+                "probe_loss": self.rail_loss(r.id),
+                "probe_verdict": self.probe_failed.get(r.id),
             })
         peers = []
         for p in self.cfg.peers:
@@ -315,4 +378,7 @@ class Engine:
             "route_errors": list(self.apply_errors),
             "route_conflicts": list(self.conflicts),
             "warnings": list(self.warnings),
+            "paths": [{"rail": r, "peer": p, "state": h.state.value, "misses": h.misses,
+                       "rtt_ms": None if h.last_rtt_ns is None else round(h.last_rtt_ns / 1e6, 3)}
+                      for (r, p), h in sorted(self.paths.items())],
         }

@@ -33,12 +33,17 @@ class Plan:
     notes: tuple[str, ...] = ()
 
 
-def _common_rails(cfg: Config, peer, local_usable: frozenset[int], peer_usable: Mapping[str, frozenset[int]]) -> list[int]:
+def _common_rails(cfg: Config, peer, local_usable: frozenset[int], peer_usable: Mapping[str, frozenset[int]],
+                  path_down: frozenset[tuple[int, str]] = frozenset(), degraded: frozenset[int] = frozenset()) -> list[int]:
     remote = peer_usable.get(peer.name)
-    return sorted(r.id for r in cfg.rails if r.id in local_usable and r.id in peer.rail_ips and (remote is None or r.id in remote))
+    common = [r.id for r in cfg.rails if r.id in local_usable and r.id in peer.rail_ips
+              and (remote is None or r.id in remote) and (r.id, peer.name) not in path_down]
+    clean = [r for r in common if r not in degraded]
+    return sorted(clean or common)
 
 
-def plan_routes(cfg: Config, local_usable: Iterable[int], peer_usable: Mapping[str, frozenset[int]]) -> Plan:
+def plan_routes(cfg: Config, local_usable: Iterable[int], peer_usable: Mapping[str, frozenset[int]],
+                path_down: frozenset[tuple[int, str]] = frozenset(), degraded: frozenset[int] = frozenset()) -> Plan:
     """Compute the desired routes.
 
     Args:
@@ -46,6 +51,10 @@ def plan_routes(cfg: Config, local_usable: Iterable[int], peer_usable: Mapping[s
         local_usable: ids of our rails in a usable state (UP or SUSPECT).
         peer_usable: per peer name, the rails that peer last announced as usable; a peer
             never heard from is assumed to use all its configured rails.
+        path_down: (rail, peer) paths whose probes say DOWN: that peer is not reached over
+            that rail even though the rail itself is fine (a peer problem, not a rail problem).
+        degraded: rails losing more than the configured share of probes; used for a peer only
+            when no clean rail reaches it.
 
     Returns:
         :class:`Plan` with routes sorted by destination (deterministic: same inputs give
@@ -58,7 +67,7 @@ def plan_routes(cfg: Config, local_usable: Iterable[int], peer_usable: Mapping[s
     keep: set[str] = set()
     notes: list[str] = []
     for peer in cfg.peers:
-        common = _common_rails(cfg, peer, local, peer_usable)
+        common = _common_rails(cfg, peer, local, peer_usable, path_down, degraded)
         if d.mode == "host-ip":
             dst = f"{peer.host_ip}/32"
             if not common:

@@ -1,0 +1,76 @@
+"""Per-(rail, peer) path health from active probes.
+
+A path is ``SUSPECT`` after one missed probe and ``DOWN`` once ``detect_multiplier`` probes in a
+row went unanswered (BFD's detection rule, RFC 5880 section 6.8.4: detection time = detect
+multiplier x interval); one answered probe makes it ``UP`` again.  ``UNKNOWN`` until the first
+result.  One transition table, checked in one setter; each change is logged once.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+
+log = logging.getLogger("linkpass.paths")
+
+
+class PathState(str, enum.Enum):
+    UNKNOWN = "UNKNOWN"
+    UP = "UP"
+    SUSPECT = "SUSPECT"
+    DOWN = "DOWN"
+
+
+P = PathState
+
+PATH_TRANSITIONS: dict[PathState, frozenset[PathState]] = {
+    P.UNKNOWN: frozenset({P.UP, P.SUSPECT, P.DOWN}),
+    P.UP: frozenset({P.SUSPECT, P.DOWN}),
+    P.SUSPECT: frozenset({P.UP, P.DOWN}),
+    P.DOWN: frozenset({P.UP}),
+}
+
+
+class IllegalPathTransition(RuntimeError):
+    """A path state change not in :data:`PATH_TRANSITIONS` (a bug, never bad input)."""
+
+
+class PathHealth:
+    """Probe health of one path.
+
+    Args:
+        rail: local rail id.
+        peer: peer host name.
+        detect_multiplier: consecutive misses that make the path DOWN (>= 1).
+    """
+
+    def __init__(self, rail: int, peer: str, detect_multiplier: int):
+        self.rail, self.peer = rail, peer
+        self.detect_multiplier = max(1, detect_multiplier)
+        self.state = PathState.UNKNOWN
+        self.misses = 0
+        self.since_ns = 0
+        self.last_rtt_ns: int | None = None
+
+    def _set(self, new: PathState, now_ns: int, reason: str) -> tuple[PathState, PathState] | None:
+        old = self.state
+        if new == old:
+            return None
+        if new not in PATH_TRANSITIONS[old]:
+            raise IllegalPathTransition(f"path rail {self.rail} -> {self.peer}: {old.value} -> {new.value}")
+        self.state, self.since_ns = new, now_ns
+        log.info("path rail %d -> %s: %s -> %s (%s)", self.rail, self.peer, old.value, new.value, reason)
+        return old, new
+
+    def on_result(self, ok: bool, now_ns: int, rtt_ns: int | None = None) -> tuple[PathState, PathState] | None:
+        """Apply one probe result; returns (old, new) when the state changed."""
+        if ok:
+            self.misses = 0
+            self.last_rtt_ns = rtt_ns
+            return self._set(PathState.UP, now_ns, "probe answered")
+        self.misses += 1
+        if self.misses >= self.detect_multiplier:
+            return self._set(PathState.DOWN, now_ns, f"{self.misses} probes in a row unanswered")
+        if self.state != PathState.DOWN:
+            return self._set(PathState.SUSPECT, now_ns, f"{self.misses} probe(s) unanswered")
+        return None

@@ -1,0 +1,105 @@
+"""Engine + probe results: path health, rail verdict by share of peers, DEGRADED by loss."""
+
+from __future__ import annotations
+
+from unit_helpers import applies, make_cfg, snapshot
+
+from linkpass.core.engine import Engine
+from linkpass.core.model import ApplyRoutes, ProbeResult, SendNotice, Tick
+
+MS = 1_000_000
+
+
+def rails_to(actions, dst_host_ip):
+    a = [x for x in actions if isinstance(x, ApplyRoutes)][-1]
+    r = next(r for r in a.routes if r.dst == f"{dst_host_ip}/32")
+    return sorted(n.rail for n in r.nexthops)
+
+
+def engine(n_peers=2):
+    cfg = make_cfg(rails=(0, 1), n_peers=n_peers, hold_down_ms=100)
+    e = Engine(cfg)
+    first = e.handle(snapshot(cfg, 0), 0)
+    return cfg, e, first
+
+
+def probe(e, t, rail, peer, ok):
+    return e.handle(ProbeResult(rail, peer, ok, t, rtt_ns=20_000 if ok else None), t)
+
+
+def test_one_dead_peer_is_a_peer_problem_not_a_rail_problem():
+    cfg, e, _ = engine(2)
+    t = 1 * MS
+    for peer in ("h1", "h2"):
+        assert probe(e, t, 0, peer, True) == []  # UNKNOWN -> UP changes nothing routed
+    acts = []
+    for i in range(cfg.probe.detect_multiplier):
+        t += 10 * MS
+        acts += probe(e, t, 0, "h1", False)
+    assert e.paths[(0, "h1")].state.value == "DOWN"
+    assert e.rails[0].state.value == "UP"  # 1 of 2 peers down: not more than the 0.5 share
+    h1_ip, h2_ip = (str(p.host_ip) for p in cfg.peers)
+    assert rails_to(acts, h1_ip) == [1] and rails_to(acts, h2_ip) == [0, 1]
+    assert not any(isinstance(a, SendNotice) for a in acts)  # our rails are fine: nothing to announce
+    # a single answered probe brings the path back
+    acts = probe(e, t + 10 * MS, 0, "h1", True)
+    assert rails_to(acts, h1_ip) == [0, 1]
+
+
+def test_all_peers_down_fails_the_rail_and_it_fails_back_after_hold_down():
+    cfg, e, _ = engine(2)
+    t = 0
+    for _ in range(cfg.probe.detect_multiplier):
+        t += 10 * MS
+        for peer in ("h1", "h2"):
+            probe(e, t, 0, peer, False)
+    assert e.rails[0].state.value == "DOWN" and "2/2 peers unreachable" in e.rails[0].reason
+    assert not any(isinstance(a, ApplyRoutes) for a in e.handle(Tick(t), t))  # a stray tick changes nothing
+    # answers again: one peer back is enough (1/2 down is not more than the share) -> HOLD_DOWN
+    t += 10 * MS
+    acts = probe(e, t, 0, "h1", True) + probe(e, t, 0, "h2", True)
+    assert e.rails[0].state.value == "HOLD_DOWN"
+    deadline = next(a.at_ns for a in acts if a.__class__.__name__ == "SetTimer")
+    assert deadline == t + 100 * MS
+    acts = e.handle(Tick(deadline), deadline)
+    assert e.rails[0].state.value == "UP" and any(isinstance(a, SendNotice) and a.usable == frozenset({0, 1}) for a in acts)
+
+
+def test_probe_results_without_change_do_nothing():
+    cfg, e, _ = engine(1)
+    for i in range(50):
+        assert probe(e, (i + 1) * MS, 1, "h1", True) == []
+
+
+def test_loss_over_the_window_marks_the_rail_degraded_and_traffic_avoids_it():
+    cfg, e, _ = engine(1)
+    h1_ip = str(cfg.peers[0].host_ip)
+    t = 0
+    acts = []
+    for i in range(40):  # every 4th probe lost: 25 % loss, never 3 in a row
+        t += 10 * MS
+        acts += probe(e, t, 0, "h1", i % 4 != 0)
+        acts += probe(e, t, 1, "h1", True)
+    assert 0 in e.degraded and 1 not in e.degraded
+    assert e.rails[0].state.value == "UP"  # degraded is not down
+    assert rails_to(acts, h1_ip) == [1]
+    st = e.status(t)
+    assert st["rails"][0]["degraded"] is True and st["rails"][0]["probe_loss"] > 0.1
+    # once losses stop and the window slides past them, the rail is clean again
+    for i in range(250):
+        t += 10 * MS
+        acts += probe(e, t, 0, "h1", True)
+    assert 0 not in e.degraded and rails_to(acts, h1_ip) == [0, 1]
+
+
+def test_degraded_rail_still_used_when_it_is_the_only_one():
+    cfg, e, _ = engine(1)
+    h1_ip = str(cfg.peers[0].host_ip)
+    t = 0
+    acts = []
+    for i in range(40):
+        t += 10 * MS
+        acts += probe(e, t, 0, "h1", i % 4 != 0)
+        acts += probe(e, t, 1, "h1", i % 4 != 0)
+    assert e.degraded == {0, 1} and rails_to(acts, h1_ip) == [0, 1]
+    assert applies(acts)
