@@ -145,7 +145,7 @@ class DampingSection(_Strict):
     penalty: StrictInt = Field(1000, ge=1, le=1_000_000, description="Penalty added per down event.")
     half_life_ms: StrictInt = Field(15_000, ge=100, le=3_600_000, description="Penalty halves every half-life.")
     suppress: StrictInt = Field(2500, ge=1, le=10_000_000, description="Above this penalty the rail stays out of use.")
-    reuse: StrictInt = Field(800, ge=0, le=10_000_000, description="A suppressed rail is used again once the penalty decays below this.")
+    reuse: StrictInt = Field(800, ge=1, le=10_000_000, description="A suppressed rail is used again once the penalty decays below this.")
     max_penalty: StrictInt = Field(8000, ge=1, le=100_000_000, description="Penalty ceiling (bounds the longest suppression).")
 
     @model_validator(mode="after")

@@ -34,6 +34,7 @@ from linkpass.core.model import (
     SetTimer,
     Tick,
 )
+from linkpass.core.damping import FlapDamper
 from linkpass.core.paths import PathHealth, PathState
 from linkpass.core.planner import Plan, all_destinations, plan_routes
 
@@ -75,6 +76,7 @@ class Engine:
         self._timer_at: int | None = None
         self._plan_usable: frozenset[int] = frozenset()
         self._resync_routes = False
+        self._raw_ok: dict[int, bool] = {}       # rail -> last link+probe verdict (for damping)
         self.paths: dict[tuple[int, str], PathHealth] = {}
         self.probe_failed: dict[int, str] = {}   # rail -> why its probes say it is failed
         self.loss: dict[int, deque] = {}          # rail -> deque of (t_ns, ok) within the loss window
@@ -95,6 +97,13 @@ class Engine:
             h.hold_down_ns = hold_ns
             new[r.id] = h
         self.rails = new
+        dampers: dict[int, FlapDamper] = {}
+        if cfg.damping.enabled:
+            for r in cfg.rails:
+                old = getattr(self, "dampers", {}).get(r.id)
+                same = old is not None and old.to_json(0).get("limits") == FlapDamper.from_section(cfg.damping, rail=r.id).to_json(0).get("limits")
+                dampers[r.id] = old if same else FlapDamper.from_section(cfg.damping, rail=r.id)
+        self.dampers = dampers
         names = {p.name for p in cfg.peers}
         self.peer_usable = {k: v for k, v in self.peer_usable.items() if k in names}
         self._netdev_rail = {r.netdev: r.id for r in cfg.rails}
@@ -180,6 +189,9 @@ class Engine:
 
     def _on_tick(self, now_ns: int) -> list[Action]:
         self._timer_at = None
+        for rid, d in sorted(self.dampers.items()):
+            if d.on_tick(now_ns) is not None and self.synced:
+                self._eval_rail(rid, now_ns, now_ns)  # released: the rail may start its hold-down
         for rid in sorted(self.rails):
             t = self.rails[rid].on_tick(now_ns)
             if t:
@@ -284,6 +296,17 @@ class Engine:
         facts = self.links.get(netdev) or LinkFacts(netdev, present=False, admin_up=False, carrier=False, operstate="NOTPRESENT")
         ok = facts.healthy and rid not in self.probe_failed
         reason = facts.why_not() or self.probe_failed.get(rid) or f"{netdev} up"
+        damper = self.dampers.get(rid)
+        if damper is not None:
+            if self._raw_ok.get(rid) is True and not ok:
+                if damper.on_down(now_ns):
+                    self._record("damping", now_ns, {"rail": rid, **damper.to_json(now_ns)})
+            self._raw_ok[rid] = ok
+            if ok and damper.suppressed(now_ns):
+                rel = damper.release_at(now_ns)
+                ok = False
+                reason = (f"flap damping: suppressed (penalty {damper.penalty_at(now_ns):.0f}) "
+                          f"for {max(0, (rel or now_ns) - now_ns) / 1e9:.1f} s more")
         t = self.rails[rid].on_link(ok, reason, now_ns)
         if t:
             self._record_transition(t, now_ns, event_ns)
@@ -325,7 +348,9 @@ class Engine:
             self._resync_routes = False
             if prev_usable is None or usable != prev_usable or force:
                 actions.append(SendNotice(self.generation, usable, urgent=True))
-        deadline = min((d for h in self.rails.values() if (d := h.next_deadline()) is not None), default=None)
+        deadlines = [d for h in self.rails.values() if (d := h.next_deadline()) is not None]
+        deadlines += [d for dm in self.dampers.values() if (d := dm.next_deadline()) is not None]
+        deadline = min(deadlines, default=None)
         if deadline is not None and deadline != self._timer_at:
             self._timer_at = deadline
             actions.append(SetTimer(deadline))
@@ -353,6 +378,7 @@ class Engine:
                 "degraded": r.id in self.degraded,
                 "probe_loss": self.rail_loss(r.id),
                 "probe_verdict": self.probe_failed.get(r.id),
+                "damping": self.dampers[r.id].to_json(now_ns) if r.id in self.dampers else None,
             })
         peers = []
         for p in self.cfg.peers:

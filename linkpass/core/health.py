@@ -110,6 +110,7 @@ class RailHealth:
         if not ok:
             if st in (RailState.UNKNOWN, RailState.UP, RailState.SUSPECT, RailState.HOLD_DOWN):
                 return self.set_state(RailState.DOWN, now_ns, reason)
+            self.reason = reason  # still DOWN, maybe for another reason now (e.g. flap damping)
             return None
         # link healthy
         if st == RailState.UNKNOWN:

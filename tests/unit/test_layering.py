@@ -71,7 +71,7 @@ def core_files() -> list[Path]:
 
 def test_core_modules_exist():
     names = {p.name for p in core_files()}
-    assert {"health.py", "engine.py", "model.py", "planner.py", "reconcile.py", "notice.py"} <= names
+    assert {"health.py", "engine.py", "model.py", "planner.py", "reconcile.py", "notice.py", "damping.py", "paths.py"} <= names
 
 
 @pytest.mark.parametrize("path", core_files(), ids=lambda p: p.name)
