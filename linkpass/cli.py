@@ -86,13 +86,18 @@ def _print_status(st: dict) -> None:
 
     c = Console()
     c.print(f"[bold]{st['host']}[/] mode {st['mode']}  generation {st['generation']} (applied {st['applied_generation']})  uptime {st['uptime_s']} s")
-    t = Table("rail", "netdev", "state", "last change", "reason", "link")
+    t = Table("rail", "netdev", "state", "last change", "reason", "link", "probes")
     colors = {"UP": "green", "DOWN": "red", "HOLD_DOWN": "yellow", "SUSPECT": "yellow", "DRAINED": "blue"}
     for r in st["rails"]:
         link = r["link"]
         ltxt = "absent" if not link or not link["present"] else f"{link['operstate']}{'' if link['carrier'] else ' NO-CARRIER'}{'' if link['admin_up'] else ' admin-down'}"
         ago = "-" if r["last_change_ago_ms"] is None else f"{r['last_change_ago_ms'] / 1000:.1f} s ago"
-        t.add_row(str(r["id"]), r["netdev"], f"[{colors.get(r['state'], 'white')}]{r['state']}[/]", ago, r["reason"], ltxt)
+        loss = r.get("probe_loss")
+        ptxt = "-" if loss is None else f"loss {100 * loss:.1f}%" + (" DEGRADED" if r.get("degraded") else "")
+        damp = r.get("damping") or {}
+        if damp.get("suppressed"):
+            ptxt += f", damped {damp.get('release_in_ms', 0) / 1000:.0f} s"
+        t.add_row(str(r["id"]), r["netdev"], f"[{colors.get(r['state'], 'white')}]{r['state']}[/]", ago, r["reason"], ltxt, ptxt)
     c.print(t)
     if st["peers"]:
         p = Table("peer", "usable rails (announced)", "last notice")
