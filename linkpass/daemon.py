@@ -26,6 +26,7 @@ from pathlib import Path
 
 from linkpass.adapters.netlink import NetlinkMonitor
 from linkpass.adapters.notices import NoticeService
+from linkpass.adapters.prober import Prober
 from linkpass.adapters.routes import RouteActuator
 from linkpass.config import Config, ConfigError, load_config, read_key_file
 from linkpass.core.engine import Engine
@@ -70,6 +71,9 @@ class Daemon:
         self.monitor = NetlinkMonitor(self.queue.put_nowait, self._route_filter, cfg.daemon.netlink_rcvbuf_bytes)
         self.routes = RouteActuator(self.queue.put_nowait, cfg.daemon.route_protocol, cfg.daemon.route_table)
         self.notices = NoticeService(cfg, self.key, self.queue.put_nowait) if self.key else None
+        self.prober = Prober(cfg, self.key, self.queue.put_nowait) if (self.key and cfg.probe.enabled) else None
+        if cfg.probe.enabled and not self.key:
+            log.warning("probing needs notice_key_file (probes are authenticated with it): probes are disabled")
         self._timer: asyncio.TimerHandle | None = None
         self._stop = asyncio.Event()
         self._server: asyncio.AbstractServer | None = None
@@ -163,6 +167,7 @@ class Daemon:
             "route_ops": self.routes.ops_total,
             "route_errors": self.routes.errors_total,
             **({f"notices_{k}": v for k, v in self.notices.counters.items()} if self.notices else {}),
+            **({f"probes_{k}": v for k, v in self.prober.counters.items()} if self.prober else {}),
         }
         return st
 
@@ -256,6 +261,8 @@ class Daemon:
         self.routes.proto, self.routes.table = cfg.daemon.route_protocol, cfg.daemon.route_table
         if self.notices and key:
             self.notices.reconfigure(cfg, key)
+        if self.prober and key:
+            self.prober.reconfigure(cfg, key)
         logging.getLogger("linkpass").setLevel(cfg.daemon.log_level.upper())
         self._tune_rails()
         log.info("config reloaded from %s", self.config_path)
@@ -288,10 +295,18 @@ class Daemon:
             except OSError as e:
                 raise StartError(f"notice_port {self.cfg.daemon.notice_port}: cannot listen: {e.strerror or e}"
                                  " (another linkpass daemon in this network namespace?)") from None
+        if self.prober:
+            try:
+                await self.prober.start()
+            except OSError as e:
+                raise StartError(f"probe.port {self.cfg.probe.port}: cannot listen: {e.strerror or e}"
+                                 " (another linkpass daemon in this network namespace?)") from None
         await self._start_control(path)
         self._tune_rails()
         if self.notices:
             self._supervise("notice-refresh", self.notices.refresh_loop())
+        if self.prober:
+            self._supervise("prober", self.prober.run())
         self._supervise("engine", self._engine_loop())
         self._supervise("routes", self.routes.run())
         self._supervise("netlink", self.monitor.run())
@@ -308,6 +323,8 @@ class Daemon:
         await asyncio.gather(*self.tasks.values(), return_exceptions=True)
         if self.notices:
             self.notices.close()
+        if self.prober:
+            await self.prober.close()
         if self._server:
             self._server.close()
         try:

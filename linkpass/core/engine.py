@@ -77,6 +77,8 @@ class Engine:
         self._plan_usable: frozenset[int] = frozenset()
         self._resync_routes = False
         self._raw_ok: dict[int, bool] = {}       # rail -> last link+probe verdict (for damping)
+        self._link_healthy: dict[int, bool] = {}  # rail -> last link verdict alone
+        self._link_up_ns: dict[int, int] = {}     # rail -> when its link last came back
         self.paths: dict[tuple[int, str], PathHealth] = {}
         self.probe_failed: dict[int, str] = {}   # rail -> why its probes say it is failed
         self.loss: dict[int, deque] = {}          # rail -> deque of (t_ns, ok) within the loss window
@@ -248,6 +250,8 @@ class Engine:
         if ev.rail not in self.rails or ev.peer not in {p.name for p in self.cfg.peers}:
             return []
         pc = self.cfg.probe
+        if not ev.ok and ev.t_ns - pc.interval_ms * 1_000_000 < self._link_up_ns.get(ev.rail, -1):
+            return []  # sent before the rail's link came back: its loss says nothing about the rail now
         key = (ev.rail, ev.peer)
         path = self.paths.get(key)
         if path is None:
@@ -257,8 +261,13 @@ class Engine:
         if t:
             self._record("path", now_ns, {"rail": ev.rail, "peer": ev.peer, "old": t[0].value, "new": t[1].value, "event_t_ns": ev.t_ns})
             changed = t[0] == PathState.DOWN or t[1] == PathState.DOWN
-        # the rail's verdict: failed when more than rail_down_share of its probed peers are DOWN
-        probed = [p for (r, _), p in self.paths.items() if r == ev.rail and p.state != PathState.UNKNOWN]
+        # the rail's verdict: failed when more than rail_down_share of its probed peers are DOWN.
+        # Only peers that answer on some rail (a path UP) count: a peer silent everywhere is a
+        # peer problem (dead host, daemon stopped), not evidence against any one rail; and a
+        # peer whose other paths are merely SUSPECT may be dying as a whole, so wait.
+        dead = {peer for peer in {k[1] for k in self.paths}
+                if not any(p.state == PathState.UP for (r, q), p in self.paths.items() if q == peer)}
+        probed = [p for (r, q), p in self.paths.items() if r == ev.rail and p.state != PathState.UNKNOWN and q not in dead]
         down = [p for p in probed if p.state == PathState.DOWN]
         failed = bool(probed) and len(down) / len(probed) > pc.rail_down_share
         was = ev.rail in self.probe_failed
@@ -269,6 +278,13 @@ class Engine:
                 del self.probe_failed[ev.rail]
             self._eval_rail(ev.rail, ev.t_ns, now_ns)
             changed = True
+        # a peer that just became dead (or alive) changes other rails' verdicts too
+        for rid in [r for r in list(self.probe_failed) if r != ev.rail]:
+            probed_r = [p for (r, q), p in self.paths.items() if r == rid and p.state != PathState.UNKNOWN and q not in dead]
+            if not probed_r or sum(p.state == PathState.DOWN for p in probed_r) / len(probed_r) <= pc.rail_down_share:
+                del self.probe_failed[rid]
+                self._eval_rail(rid, ev.t_ns, now_ns)
+                changed = True
         # loss over the window -> DEGRADED
         win = self.loss.setdefault(ev.rail, deque())
         win.append((now_ns, ev.ok))
@@ -294,6 +310,9 @@ class Engine:
     def _eval_rail(self, rid: int, event_ns: int, now_ns: int) -> None:
         netdev = next(r.netdev for r in self.cfg.rails if r.id == rid)
         facts = self.links.get(netdev) or LinkFacts(netdev, present=False, admin_up=False, carrier=False, operstate="NOTPRESENT")
+        if facts.healthy and not self._link_healthy.get(rid, True):
+            self._link_up_ns[rid] = now_ns
+        self._link_healthy[rid] = facts.healthy
         ok = facts.healthy and rid not in self.probe_failed
         reason = facts.why_not() or self.probe_failed.get(rid) or f"{netdev} up"
         damper = self.dampers.get(rid)

@@ -3,7 +3,8 @@
 A path is ``SUSPECT`` after one missed probe and ``DOWN`` once ``detect_multiplier`` probes in a
 row went unanswered (BFD's detection rule, RFC 5880 section 6.8.4: detection time = detect
 multiplier x interval); one answered probe makes it ``UP`` again.  ``UNKNOWN`` until the first
-result.  One transition table, checked in one setter; each change is logged once.
+answered probe: like a BFD session that never came Up, a path that never answered is not a
+failure (the peer's daemon may not run yet).  One transition table, checked in one setter; each change is logged once.
 """
 
 from __future__ import annotations
@@ -69,6 +70,8 @@ class PathHealth:
             self.last_rtt_ns = rtt_ns
             return self._set(PathState.UP, now_ns, "probe answered")
         self.misses += 1
+        if self.state == PathState.UNKNOWN:
+            return None  # never answered yet (peer's prober not up): not a failure, like a BFD session not yet Up
         if self.misses >= self.detect_multiplier:
             return self._set(PathState.DOWN, now_ns, f"{self.misses} probes in a row unanswered")
         if self.state != PathState.DOWN:

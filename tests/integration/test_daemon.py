@@ -71,11 +71,15 @@ def test_cut_reroutes_both_ends_and_fails_back_after_hold_down(cluster, mode):
     # the daemon's own timeline: DOWN declared after the cut, UP only hold-down after the link came back
     hist = c.history(1)
     rail0 = [e for e in hist if e["kind"] == "rail" and e["rail"] == 0 and e["t_ns"] >= cut["t_issued_ns"]]
-    assert [e["new"] for e in rail0] == ["DOWN", "HOLD_DOWN", "UP"], rail0
-    assert rail0[1]["t_ns"] >= heal["t_issued_ns"]
-    assert rail0[2]["t_ns"] - rail0[1]["t_ns"] >= 300 * 1_000_000
+    states = [e["new"] for e in rail0]
+    # DOWN at the cut; back only through a hold-down that started after the heal.  (Probes sent
+    # around the heal may still be lost and send it DOWN once more before the final hold-down.)
+    assert states[0] == "DOWN" and states[-2:] == ["HOLD_DOWN", "UP"], rail0
+    assert "UP" not in states[:-1]
+    assert rail0[-2]["t_ns"] >= heal["t_issued_ns"]
+    assert rail0[-1]["t_ns"] - rail0[-2]["t_ns"] >= 300 * 1_000_000
     plans_with_rail0 = [e for e in hist if e["kind"] == "plan" and e["t_ns"] > rail0[0]["t_ns"] and 0 in e["usable"]]
-    assert plans_with_rail0 and plans_with_rail0[0]["t_ns"] >= rail0[2]["t_ns"]
+    assert plans_with_rail0 and plans_with_rail0[0]["t_ns"] >= rail0[-1]["t_ns"]
 
 
 def test_flap_during_hold_down_restarts_it(cluster):
@@ -83,12 +87,12 @@ def test_flap_during_hold_down_restarts_it(cluster):
     fab.cut(c.name, 1, 0, "carrier-loss")
     wait_for(lambda: _rail_state(c, 1, 0) == "DOWN")
     fab.heal(c.name, 1, 0)
-    wait_for(lambda: _rail_state(c, 1, 0) == "HOLD_DOWN")
+    wait_for(lambda: _rail_state(c, 1, 0) == "HOLD_DOWN", timeout=10)
     fab.cut(c.name, 1, 0, "carrier-loss")
     wait_for(lambda: _rail_state(c, 1, 0) == "DOWN")
-    assert c.route_rails(1, 0) == [1]
+    wait_for(lambda: c.route_rails(1, 0) == [1], what="rail 0 out of use again")
     fab.heal(c.name, 1, 0)
-    wait_for(lambda: c.route_rails(1, 0) == [0, 1], what="failback after the second heal")
+    wait_for(lambda: c.route_rails(1, 0) == [0, 1], timeout=10, what="failback after the second heal")
 
 
 def test_restart_after_kill9_reconciles_routes(cluster):

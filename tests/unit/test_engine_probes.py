@@ -49,15 +49,20 @@ def test_one_dead_peer_is_a_peer_problem_not_a_rail_problem():
 def test_all_peers_down_fails_the_rail_and_it_fails_back_after_hold_down():
     cfg, e, _ = engine(2)
     t = 0
+    for peer in ("h1", "h2"):  # both peers answer on both rails first
+        probe(e, t, 0, peer, True)
+        probe(e, t, 1, peer, True)
     for _ in range(cfg.probe.detect_multiplier):
         t += 10 * MS
         for peer in ("h1", "h2"):
             probe(e, t, 0, peer, False)
+            probe(e, t, 1, peer, True)
     assert e.rails[0].state.value == "DOWN" and "2/2 peers unreachable" in e.rails[0].reason
     assert not any(isinstance(a, ApplyRoutes) for a in e.handle(Tick(t), t))  # a stray tick changes nothing
     # answers again: one peer back is enough (1/2 down is not more than the share) -> HOLD_DOWN
     t += 10 * MS
     acts = probe(e, t, 0, "h1", True) + probe(e, t, 0, "h2", True)
+    assert e.rails[1].state.value == "UP"
     assert e.rails[0].state.value == "HOLD_DOWN"
     deadline = next(a.at_ns for a in acts if a.__class__.__name__ == "SetTimer")
     assert deadline == t + 100 * MS
@@ -103,3 +108,21 @@ def test_degraded_rail_still_used_when_it_is_the_only_one():
         acts += probe(e, t, 1, "h1", i % 4 != 0)
     assert e.degraded == {0, 1} and rails_to(acts, h1_ip) == [0, 1]
     assert applies(acts)
+
+
+def test_never_answered_or_dead_peer_fails_no_rail():
+    cfg, e, _ = engine(1)
+    t = 0
+    for _ in range(10):  # h1's prober is not up yet: nothing ever answers
+        t += 10 * MS
+        probe(e, t, 0, "h1", False)
+        probe(e, t, 1, "h1", False)
+    assert e.paths[(0, "h1")].state.value == "UNKNOWN" and e.rails[0].usable and e.rails[1].usable
+    for r in (0, 1):
+        probe(e, t, r, "h1", True)
+    for _ in range(5):  # then h1's daemon stops: silent on every rail -> a peer problem
+        t += 10 * MS
+        probe(e, t, 0, "h1", False)
+        probe(e, t, 1, "h1", False)
+    assert e.paths[(0, "h1")].state.value == "DOWN" and e.paths[(1, "h1")].state.value == "DOWN"
+    assert e.rails[0].usable and e.rails[1].usable and not e.probe_failed

@@ -1,0 +1,392 @@
+"""Per-rail UDP probing: find gray failures (carrier up, traffic lost) in a few intervals.
+
+Responder: one UDP socket on ``0.0.0.0:probe.port``.  An authenticated request addressed to
+this host is answered over the rail it names (from this host's per-rail socket for that rail
+id, bound to the rail netdev), so the reply takes the probed rail back even when our routes
+carry the prober's rail addresses elsewhere; a request naming a rail we do not have is answered
+from the responder socket.  The responder keeps no state.
+
+Sender: per rail, a UDP socket bound to the rail netdev (``SO_BINDTODEVICE``, needs
+CAP_NET_RAW), so a probe really leaves over that rail (a /32 route of ours via another rail
+does not apply to it); replies come back to the same socket.  Which paths are probed when is
+:class:`linkpass.core.probe.Schedule`'s decision: per rail a fast set (``fast_peers`` peers,
+``set_priority_peers`` first, then config order) every ``interval_ms``, every other peer swept
+round-robin every ``slow_interval_ms``, at most ``max_pps`` probes per second (the slow sweep
+yields first).
+
+Every probe has a deadline, ``interval_ms`` (fast) or ``slow_interval_ms`` (slow) after it was
+sent: an authenticated reply before it posts ``ProbeResult(ok=True, rtt_ns)``; when it passes,
+``ProbeResult(ok=False)`` is posted.  A probe that could not be sent (no socket for the rail,
+netdev gone, send error) is counted in ``send_errors`` and reported lost at its deadline like
+any other.  A reply after the deadline is counted as ``late`` and ignored.
+
+Timing: one timer (``loop.call_later``) armed for the earliest of the next schedule tick and
+the next deadline; nothing polls.  Times are ``time.monotonic_ns()`` taken here, at the edge.
+A bad datagram is counted (``rejected_<kind>``) and dropped; it never stops the prober.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import socket
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+
+from linkpass.config import Config
+from linkpass.core import probe as wire
+from linkpass.core.model import Event, ProbeResult
+
+log = logging.getLogger("linkpass.prober")
+
+RECV_BUF = 512  # anything longer than wire.MAX_LEN is rejected as oversized anyway
+RECV_BATCH = 64  # datagrams read per readiness callback before yielding to the loop
+SOCKET_RETRY_NS = 1_000_000_000  # a rail socket that could not be made is retried this often
+_GONE = {errno.ENODEV, errno.ENXIO}
+
+
+def rail_paths(cfg: Config) -> dict[int, list[str]]:
+    """rail id -> the peers with an address on that rail, in config order ({} when disabled)."""
+    if not cfg.probe.enabled:
+        return {}
+    return {r.id: [p.name for p in cfg.peers if r.id in p.rail_ips] for r in cfg.rails}
+
+
+class Prober:
+    """Sends probes over every rail, answers peers' probes, posts :class:`ProbeResult` events.
+
+    Args:
+        cfg: config (host name, rails, peers, ``[probe]``).
+        key: shared HMAC key (the notice key).
+        post: where to post :class:`ProbeResult` events (called on the event loop).
+        clock: monotonic ns clock (tests may pass another).
+
+    Use: ``await start()`` (opens the sockets; the responder answers from then on), run
+    ``run()`` as a task (the sender and deadlines), ``reconfigure(cfg, key)`` on reload,
+    ``await close()`` at the end.
+
+    Attributes:
+        counters: ``sent``, ``send_errors``, ``replies`` (in time), ``timeouts`` (deadline
+            passed), ``late``, ``answered`` (requests we replied to), ``answer_errors``, and
+            ``rejected_<kind>`` for each :class:`linkpass.core.probe.ProbeError` kind
+            (``auth``, ``malformed``, ``oversized``, ``misaddressed``, ``unexpected``, ``replay``);
+            ``socket_errors`` (a rail socket or the responder could not be opened) and
+            ``internal_errors`` (a tick failed; logged with its traceback).
+    """
+
+    def __init__(self, cfg: Config, key: bytes, post: Callable[[Event], None], *, clock: Callable[[], int] = time.monotonic_ns):
+        self.cfg = cfg
+        self.key = key
+        self.post = post
+        self.clock = clock
+        self.counters: Counter[str] = Counter()
+        self.guard = wire.ReplyGuard()
+        self.path_stats: dict[tuple[int, str], wire.PathStats] = {}
+        self._seq = time.time_ns()  # a restarted prober never reuses a recent seq
+        self._priority: list[str] = []
+        self.schedule = self._new_schedule(cfg, clock())
+        self._sync_stats()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._resp: socket.socket | None = None
+        self._rail_socks: dict[int, socket.socket] = {}
+        self._rail_retry_ns: dict[int, int] = {}
+        self._handle: asyncio.TimerHandle | asyncio.Handle | None = None
+        self._stopped: asyncio.Future | None = None
+        self._closed = False
+
+    # ---------------------------------------------------------------- configuration
+
+    def _new_schedule(self, cfg: Config, now: int) -> wire.Schedule:
+        p = cfg.probe
+        return wire.Schedule(interval_ns=p.interval_ms * 1_000_000, slow_interval_ns=p.slow_interval_ms * 1_000_000,
+                             fast_peers=p.fast_peers, max_pps=p.max_pps, paths=rail_paths(cfg), now_ns=now,
+                             priority=self._priority)
+
+    def _sync_stats(self) -> None:
+        wanted = set(self.schedule.paths())
+        self.path_stats = {k: self.path_stats.get(k) or wire.PathStats() for k in self.schedule.paths()}
+        self.guard.forget(wanted)
+
+    def reconfigure(self, cfg: Config, key: bytes) -> None:
+        """Take a reloaded config and key: new paths, intervals and rates apply at once; the
+        socket of a rail whose netdev changed is reopened; the responder moves if the port did
+        (a bind failure is logged and counted in ``socket_errors``, never raised)."""
+        old = self.cfg
+        self.cfg, self.key = cfg, key
+        now = self.clock()
+        p = cfg.probe
+        self.schedule.set_timing(interval_ns=p.interval_ms * 1_000_000, slow_interval_ns=p.slow_interval_ms * 1_000_000,
+                                 fast_peers=p.fast_peers, max_pps=p.max_pps, now_ns=now)
+        self.schedule.set_paths(rail_paths(cfg), now)
+        self._sync_stats()
+        if self._loop is None:
+            return
+        # keep the sockets of rails whose netdev did not change: replies to the probes in
+        # flight arrive on them (closing them would report those probes lost)
+        old_dev = {r.id: r.netdev for r in old.rails}
+        new_dev = {r.id: r.netdev for r in cfg.rails}
+        for rid in list(self._rail_socks):
+            if old_dev.get(rid) != new_dev.get(rid):
+                self._close_rail(rid)
+        self._rail_retry_ns.clear()
+        self._open_rails()
+        if old.probe.port != cfg.probe.port or self._resp is None:
+            self._close_sock(self._resp)
+            self._resp = None
+            try:
+                self._open_responder()
+            except OSError as e:
+                self.counters["socket_errors"] += 1
+                log.error("probe responder cannot bind UDP port %d: %s (not answering probes)", cfg.probe.port, e.strerror or e)
+        self._rearm(now)
+
+    def set_priority_peers(self, names: Sequence[str]) -> None:
+        """Put these peers first in every rail's fast set (e.g. the training job's neighbours)."""
+        self._priority = list(names)
+        now = self.clock()
+        self.schedule.set_priority(self._priority, now)
+        self._sync_stats()
+        if self._loop is not None:
+            self._rearm(now)
+
+    # ---------------------------------------------------------------- sockets
+
+    async def start(self) -> None:
+        """Open the responder socket and the per-rail sockets.
+
+        Raises:
+            OSError: the responder port cannot be bound.
+        """
+        self._loop = asyncio.get_running_loop()
+        self._open_responder()
+        self._open_rails()
+
+    def _watch(self, s: socket.socket) -> None:
+        assert self._loop is not None
+        self._loop.add_reader(s.fileno(), self._readable, s)
+
+    def _close_sock(self, s: socket.socket | None) -> None:
+        if s is None:
+            return
+        if self._loop is not None:
+            try:
+                self._loop.remove_reader(s.fileno())
+            except (ValueError, OSError):
+                pass
+        s.close()
+
+    def _open_responder(self) -> None:
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        try:
+            s.setblocking(False)
+            s.bind(("0.0.0.0", self.cfg.probe.port))
+        except OSError:
+            s.close()
+            raise
+        self._resp = s
+        self._watch(s)
+
+    def _open_rails(self) -> None:
+        for r in self.cfg.rails:
+            self._rail_sock(r.id)
+
+    def _rail_sock(self, rid: int) -> socket.socket | None:
+        s = self._rail_socks.get(rid)
+        if s is not None or self._loop is None:
+            return s
+        now = self.clock()
+        if now < self._rail_retry_ns.get(rid, 0):
+            return None
+        netdev = next((r.netdev for r in self.cfg.rails if r.id == rid), None)
+        if netdev is None:
+            return None
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        try:
+            s.setblocking(False)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, netdev.encode())
+            s.bind(("0.0.0.0", 0))
+        except OSError as e:
+            s.close()
+            self._rail_retry_ns[rid] = now + SOCKET_RETRY_NS
+            self.counters["socket_errors"] += 1
+            log.warning("probe socket for rail %d on %s: %s (its probes count as lost; retrying in 1 s)", rid, netdev, e.strerror or e)
+            return None
+        self._rail_retry_ns.pop(rid, None)
+        self._rail_socks[rid] = s
+        self._watch(s)
+        return s
+
+    def _close_rail(self, rid: int) -> None:
+        self._close_sock(self._rail_socks.pop(rid, None))
+
+    async def close(self) -> None:
+        """Stop probing and answering; close every socket (idempotent)."""
+        self._closed = True
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+        for rid in list(self._rail_socks):
+            self._close_rail(rid)
+        self._close_sock(self._resp)
+        self._resp = None
+        if self._stopped is not None and not self._stopped.done():
+            self._stopped.set_result(None)
+
+    # ---------------------------------------------------------------- timing
+
+    async def run(self) -> None:
+        """The sender: probe on schedule and report deadlines until :meth:`close`."""
+        if self._loop is None:
+            await self.start()
+        self._stopped = self._loop.create_future()
+        self._tick()
+        try:
+            await self._stopped
+        finally:
+            if self._handle is not None:
+                self._handle.cancel()
+                self._handle = None
+
+    def _rearm(self, now: int) -> None:
+        if self._stopped is None or self._closed:
+            return  # run() not started: only the responder works
+        if self._handle is not None:
+            self._handle.cancel()
+        wake = self.schedule.next_tick_ns
+        dl = self.guard.next_deadline_ns()
+        if dl is not None and dl < wake:
+            wake = dl
+        # +1 us: never wake a hair early because of the float clock of the loop
+        self._handle = self._loop.call_later(max(0, wake - now) / 1e9 + 1e-6, self._tick)
+
+    def _tick(self) -> None:
+        self._handle = None
+        now = self.clock()
+        try:
+            self._expire(now)
+            for s in self.schedule.poll(now):
+                self._send(s, now)
+        except Exception:  # never let one bad tick stop probing
+            self.counters["internal_errors"] += 1
+            log.exception("probe tick failed")
+        self._rearm(self.clock())
+
+    def _expire(self, now: int) -> None:
+        for p in self.guard.expire(now):
+            self.counters["timeouts"] += 1
+            st = self.path_stats.get((p.rail, p.peer))
+            if st is not None:
+                st.record(False)
+            self.post(ProbeResult(p.rail, p.peer, False, now, None, p.seq))
+
+    # ---------------------------------------------------------------- send
+
+    def _peer_ip(self, rail: int, peer: str) -> str | None:
+        for p in self.cfg.peers:
+            if p.name == peer:
+                a = p.rail_ips.get(rail)
+                return None if a is None else str(a)
+        return None
+
+    def _send(self, s: wire.Send, now: int) -> None:
+        self._seq += 1
+        seq = self._seq
+        self.guard.add(wire.Pending(s.rail, s.peer, seq, now, now + s.timeout_ns, s.fast))
+        ip = self._peer_ip(s.rail, s.peer)
+        sock = self._rail_sock(s.rail)
+        if ip is None or sock is None:
+            self.counters["send_errors"] += 1
+            return
+        data = wire.encode(wire.Probe(wire.REQUEST, self.cfg.daemon.host, s.peer, s.rail, seq, now), self.key)
+        try:
+            sock.sendto(data, (ip, self.cfg.probe.port))
+        except OSError as e:
+            self.counters["send_errors"] += 1
+            if e.errno in _GONE:  # the netdev went away: rebind when it is back
+                self._close_rail(s.rail)
+            n = self.counters["send_errors"]
+            if n <= 10 or n % 1000 == 0:
+                log.debug("probe to %s on rail %d failed (%d so far): %s", ip, s.rail, n, e)
+            return
+        self.counters["sent"] += 1
+
+    # ---------------------------------------------------------------- receive
+
+    def _readable(self, sock: socket.socket) -> None:
+        for _ in range(RECV_BATCH):
+            try:
+                data, addr = sock.recvfrom(RECV_BUF)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as e:  # e.g. an ICMP error queued on the socket
+                log.debug("probe socket error: %s", e)
+                return
+            self.on_datagram(data, addr)
+
+    def on_datagram(self, data: bytes, addr) -> None:
+        """Handle one datagram from any of our sockets (a request to answer or a reply)."""
+        now = self.clock()
+        try:
+            p = wire.decode(data, self.key)
+            if p.target != self.cfg.daemon.host:
+                raise wire.ProbeError("misaddressed", f"probe for {p.target!r}, this host is {self.cfg.daemon.host!r}")
+            if p.type == wire.REQUEST:
+                self._answer(p, addr)
+                return
+            self._expire(now)  # a probe whose deadline passed is lost before any reply counts
+            pend = self.guard.check(p, now)
+        except wire.ProbeError as e:
+            self._reject(e.kind, addr, e)
+            return
+        except Exception as e:  # noqa: BLE001 - never let a datagram kill the daemon
+            self._reject("malformed", addr, e)
+            return
+        rtt = now - pend.sent_ns
+        self.counters["replies"] += 1
+        st = self.path_stats.get((pend.rail, pend.peer))
+        if st is not None:
+            st.record(True, rtt)
+        self.post(ProbeResult(pend.rail, pend.peer, True, now, rtt, pend.seq))
+
+    def _reject(self, kind: str, addr, err: Exception) -> None:
+        name = "late" if kind == "late" else f"rejected_{kind}"
+        self.counters[name] += 1
+        n = self.counters[name]
+        if kind != "late" and (n <= 10 or n % 1000 == 0):
+            log.warning("probe datagram from %s:%s dropped (%s, %d so far): %s", addr[0], addr[1], kind, n, err)
+
+    def _answer(self, req: wire.Probe, addr) -> None:
+        data = wire.encode(req.reply(), self.key)
+        sock = self._rail_sock(req.rail) if any(r.id == req.rail for r in self.cfg.rails) else None
+        out = sock or self._resp
+        if out is None:  # closed, or no socket yet
+            self.counters["answer_errors"] += 1
+            return
+        try:
+            out.sendto(data, addr)
+        except OSError as e:
+            self.counters["answer_errors"] += 1
+            if sock is not None and e.errno in _GONE:
+                self._close_rail(req.rail)
+            return
+        self.counters["answered"] += 1
+
+    # ---------------------------------------------------------------- status
+
+    def stats(self) -> dict:
+        """JSON-ready counters and per-path figures (for `linkpass status` and metrics)."""
+        sched = self.schedule
+        return {
+            "enabled": self.cfg.probe.enabled,
+            "port": self.cfg.probe.port,
+            "tick_ms": sched.tick_ns / 1e6,
+            "outstanding": len(self.guard),
+            "counters": dict(sorted(self.counters.items())),
+            "priority_peers": list(self._priority),
+            "paths": [
+                {"rail": rail, "peer": peer, "fast": sched.is_fast(rail, peer), **self.path_stats[(rail, peer)].to_json()}
+                for rail, peer in sorted(sched.paths())
+            ],
+        }

@@ -1,0 +1,496 @@
+"""Per-rail probe wire format, reply guard, probe schedule and path statistics (pure).
+
+A prober sends a *request* to a peer's address on one rail, over that rail; the peer's
+responder sends a *reply* back over the same rail.  Carrier can stay up while a rail drops
+traffic (a gray failure: a blackholing switch port, a bad cable); only an answered probe proves
+the path works.  Layout (network byte order), 59..185 bytes::
+
+    magic      4  b"LPP1"
+    type       1  1 request, 2 reply
+    sender_len 1  1..64
+    sender     sender_len bytes, UTF-8 host name of the datagram's author
+    target_len 1  1..64
+    target     target_len bytes, UTF-8 host name it is addressed to
+    rail       2  u16, the prober's rail id (a reply carries the request's)
+    seq        8  u64, the prober's probe number (a reply carries the request's)
+    ts         8  u64, the prober's send time (monotonic ns; opaque to the responder, which
+                  copies it into the reply)
+    mac        32 HMAC-SHA256(key, every byte before it)
+
+A reply is the request with ``type`` 2 and sender/target swapped; the MAC covers ``type``, so a
+request cannot be reflected back as a reply.  The key is the notice key (one key file).
+
+The responder is stateless.  The prober keeps its outstanding probes in a :class:`ReplyGuard`:
+a reply is accepted once, only for a probe sent and still inside its deadline; anything else is
+rejected with a :class:`ProbeError` kind.  :class:`Schedule` decides which paths to probe when
+(a fast set per rail every ``interval``, the rest swept round-robin every ``slow_interval``, a
+token bucket bounding the total rate); :class:`PathStats` keeps RTT and loss per path.
+
+Nothing here reads a clock: every time is an ``int`` of monotonic nanoseconds passed in.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+import hmac
+import struct
+from collections import deque
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+MAGIC = b"LPP1"
+REQUEST = 1
+REPLY = 2
+MAC_LEN = 32
+MAX_NAME = 64
+_TAIL = struct.Struct("!HQQ")  # rail, seq, ts
+MAX_LEN = 4 + 1 + 1 + MAX_NAME + 1 + MAX_NAME + _TAIL.size + MAC_LEN
+MIN_LEN = 4 + 1 + 1 + 1 + 1 + 1 + _TAIL.size + MAC_LEN
+
+#: Every kind a :class:`ProbeError` can carry.
+KINDS = ("malformed", "oversized", "auth", "misaddressed", "unexpected", "replay", "late")
+
+
+class ProbeError(ValueError):
+    """A probe datagram was rejected.
+
+    ``kind`` is one of:
+
+    - ``oversized``: longer than any valid probe;
+    - ``malformed``: too short, bad magic, inconsistent lengths, unknown type, bad UTF-8;
+    - ``auth``: the MAC does not match (wrong key or forged);
+    - ``misaddressed``: authentic, but addressed to another host (or the wrong type here);
+    - ``unexpected``: a reply whose seq this prober never sent, or that does not match the
+      probe it names (peer, rail or send time differ);
+    - ``replay``: a reply to a probe that was already answered (or long forgotten);
+    - ``late``: a reply that arrived at or after its probe's deadline.
+    """
+
+    def __init__(self, kind: str, msg: str):
+        super().__init__(msg)
+        self.kind = kind
+
+
+@dataclass(frozen=True)
+class Probe:
+    """A decoded probe request or reply (see the module docstring for the fields)."""
+
+    type: int
+    sender: str
+    target: str
+    rail: int
+    seq: int
+    ts_ns: int
+
+    def reply(self) -> Probe:
+        """The reply to this request: sender/target swapped, everything else echoed."""
+        return Probe(REPLY, self.target, self.sender, self.rail, self.seq, self.ts_ns)
+
+
+def _mac(key: bytes, body: bytes) -> bytes:
+    return hmac.digest(key, body, hashlib.sha256)
+
+
+def encode(p: Probe, key: bytes) -> bytes:
+    """Serialize and sign.
+
+    Raises:
+        ValueError: unknown type, a name empty or over 64 bytes, rail over 16 bits, seq or
+            ts_ns outside u64.
+    """
+    if p.type not in (REQUEST, REPLY):
+        raise ValueError(f"probe type must be {REQUEST} or {REPLY}, got {p.type}")
+    sender, target = p.sender.encode(), p.target.encode()
+    for what, name in (("sender", sender), ("target", target)):
+        if not 1 <= len(name) <= MAX_NAME:
+            raise ValueError(f"{what} name must be 1..{MAX_NAME} bytes, got {len(name)}")
+    if not 0 <= p.rail <= 0xFFFF:
+        raise ValueError(f"rail id {p.rail} does not fit 16 bits")
+    for what, v in (("seq", p.seq), ("ts_ns", p.ts_ns)):
+        if not 0 <= v < 2**64:
+            raise ValueError(f"{what} {v} does not fit an unsigned 64-bit field")
+    body = b"".join((MAGIC, bytes((p.type, len(sender))), sender, bytes((len(target),)), target,
+                     _TAIL.pack(p.rail, p.seq, p.ts_ns)))
+    return body + _mac(key, body)
+
+
+def decode(data: bytes, key: bytes) -> Probe:
+    """Verify and parse one datagram.
+
+    Raises:
+        ProbeError: ``oversized``, ``malformed`` or ``auth``; the MAC is checked (constant
+            time) before any field after the magic is trusted.
+    """
+    n = len(data)
+    if n > MAX_LEN:
+        raise ProbeError("oversized", f"probe of {n} bytes exceeds {MAX_LEN}")
+    if n < MIN_LEN:
+        raise ProbeError("malformed", f"probe of {n} bytes is shorter than the minimum {MIN_LEN}")
+    if data[:4] != MAGIC:
+        raise ProbeError("malformed", "bad magic")
+    body, mac = bytes(data[:-MAC_LEN]), data[-MAC_LEN:]
+    if not hmac.compare_digest(mac, _mac(key, body)):
+        raise ProbeError("auth", "HMAC does not match (wrong key or forged probe)")
+    ptype, slen = body[4], body[5]
+    if ptype not in (REQUEST, REPLY):
+        raise ProbeError("malformed", f"unknown probe type {ptype}")
+    if not 1 <= slen <= MAX_NAME:
+        raise ProbeError("malformed", f"sender name length {slen}")
+    off = 6 + slen
+    if len(body) < off + 1:
+        raise ProbeError("malformed", "truncated after sender name")
+    tlen = body[off]
+    if not 1 <= tlen <= MAX_NAME:
+        raise ProbeError("malformed", f"target name length {tlen}")
+    toff = off + 1
+    if len(body) != toff + tlen + _TAIL.size:
+        raise ProbeError("malformed", f"{len(body)} bytes before the MAC do not match names of {slen} and {tlen} bytes")
+    try:
+        sender = body[6:off].decode()
+        target = body[toff:toff + tlen].decode()
+    except UnicodeDecodeError:
+        raise ProbeError("malformed", "host name is not UTF-8") from None
+    rail, seq, ts = _TAIL.unpack_from(body, toff + tlen)
+    return Probe(ptype, sender, target, rail, seq, ts)
+
+
+# --------------------------------------------------------------------------- reply guard
+
+
+@dataclass(frozen=True)
+class Pending:
+    """One probe sent and not yet answered.
+
+    Attributes:
+        rail: local rail id it left on.
+        peer: peer host name.
+        seq: its sequence number.
+        sent_ns: when it was sent (also its ``ts`` field).
+        deadline_ns: a reply at or after this time is late; at this time the probe is lost.
+        fast: sent as part of the fast set (else by the slow sweep).
+    """
+
+    rail: int
+    peer: str
+    seq: int
+    sent_ns: int
+    deadline_ns: int
+    fast: bool = True
+
+
+class ReplyGuard:
+    """The prober's outstanding probes: accepts each reply once, in time, for a probe it sent.
+
+    Args:
+        memory: how many finished probes (answered or expired) are remembered to tell a
+            ``replay`` or ``late`` duplicate apart; older seqs are reported as ``replay``.
+    """
+
+    def __init__(self, memory: int = 8192) -> None:
+        self._pending: dict[int, Pending] = {}
+        self._deadlines: list[tuple[int, int]] = []  # heap of (deadline_ns, seq), lazily pruned
+        self._done: dict[int, str] = {}  # seq -> "answered" | "expired", insertion ordered
+        self._memory = memory
+        self._lo: int | None = None  # lowest seq ever added
+        self._hi: int | None = None  # highest seq ever added
+
+    def __len__(self) -> int:
+        return len(self._pending)
+
+    def add(self, p: Pending) -> None:
+        """Record a probe just sent.
+
+        Raises:
+            ValueError: its seq is already outstanding or finished (seqs must be unique).
+        """
+        if p.seq in self._pending or p.seq in self._done:
+            raise ValueError(f"seq {p.seq} was already used")
+        self._pending[p.seq] = p
+        heapq.heappush(self._deadlines, (p.deadline_ns, p.seq))
+        self._lo = p.seq if self._lo is None else min(self._lo, p.seq)
+        self._hi = p.seq if self._hi is None else max(self._hi, p.seq)
+
+    def _finish(self, seq: int, how: str) -> None:
+        self._done[seq] = how
+        while len(self._done) > self._memory:
+            del self._done[next(iter(self._done))]
+
+    def check(self, reply: Probe, now_ns: int) -> Pending:
+        """Accept ``reply`` (already authenticated, addressed to us) for its outstanding probe.
+
+        Returns:
+            The probe it answers, now no longer outstanding.
+
+        Raises:
+            ProbeError: ``misaddressed`` (not a reply), ``unexpected`` (seq never sent, or
+                peer/rail/send time differ from that probe's), ``replay`` (already answered or
+                forgotten), ``late`` (at/after the deadline; the probe stays outstanding until
+                :meth:`expire` reports it lost, or was already reported lost).
+        """
+        if reply.type != REPLY:
+            raise ProbeError("misaddressed", "a request where a reply was expected")
+        p = self._pending.get(reply.seq)
+        if p is None:
+            how = self._done.get(reply.seq)
+            if how == "expired":
+                raise ProbeError("late", f"reply to seq {reply.seq} after its deadline")
+            if how == "answered":
+                raise ProbeError("replay", f"seq {reply.seq} was already answered")
+            if self._lo is None or not self._lo <= reply.seq <= self._hi:
+                raise ProbeError("unexpected", f"no probe with seq {reply.seq} was sent")
+            raise ProbeError("replay", f"seq {reply.seq} is long finished")
+        if (reply.sender, reply.rail, reply.ts_ns) != (p.peer, p.rail, p.sent_ns):
+            raise ProbeError("unexpected", f"reply to seq {reply.seq} names {reply.sender}/rail {reply.rail}/ts {reply.ts_ns}, "
+                             f"the probe went to {p.peer}/rail {p.rail} at {p.sent_ns}")
+        if now_ns >= p.deadline_ns:
+            raise ProbeError("late", f"reply to seq {reply.seq} {(now_ns - p.deadline_ns) / 1e6:.3f} ms after its deadline")
+        del self._pending[reply.seq]
+        self._finish(reply.seq, "answered")
+        return p
+
+    def expire(self, now_ns: int) -> list[Pending]:
+        """Remove and return the probes whose deadline is at or before ``now_ns`` (oldest first)."""
+        out = []
+        dl = self._deadlines
+        while dl and dl[0][0] <= now_ns:
+            _, seq = heapq.heappop(dl)
+            p = self._pending.pop(seq, None)
+            if p is not None:
+                self._finish(seq, "expired")
+                out.append(p)
+        return out
+
+    def next_deadline_ns(self) -> int | None:
+        """The earliest deadline of an outstanding probe (None when none is outstanding)."""
+        dl = self._deadlines
+        while dl and dl[0][1] not in self._pending:
+            heapq.heappop(dl)
+        return dl[0][0] if dl else None
+
+    def forget(self, keep: Iterable[tuple[int, str]]) -> int:
+        """Drop, without reporting, outstanding probes whose (rail, peer) is not in ``keep``."""
+        keep = set(keep)
+        gone = [s for s, p in self._pending.items() if (p.rail, p.peer) not in keep]
+        for s in gone:
+            del self._pending[s]
+            self._finish(s, "expired")
+        return len(gone)
+
+
+# --------------------------------------------------------------------------- schedule
+
+
+@dataclass(frozen=True)
+class Send:
+    """One probe the schedule wants sent now; its deadline is ``timeout_ns`` after sending."""
+
+    rail: int
+    peer: str
+    fast: bool
+    timeout_ns: int
+
+
+class TokenBucket:
+    """``rate`` tokens per second, at most ``capacity`` stored; starts full."""
+
+    def __init__(self, rate: float, capacity: float, now_ns: int) -> None:
+        self.rate = float(rate)
+        self.capacity = float(capacity)
+        self.tokens = float(capacity)
+        self._t = now_ns
+
+    def refill(self, now_ns: int) -> None:
+        if now_ns > self._t:
+            self.tokens = min(self.capacity, self.tokens + (now_ns - self._t) * self.rate / 1e9)
+            self._t = now_ns
+
+    def take(self) -> bool:
+        if self.tokens >= 1.0:
+            self.tokens -= 1.0
+            return True
+        return False
+
+
+class Schedule:
+    """Which (rail, peer) paths to probe, and when.
+
+    Work happens on a grid of *ticks*: every ``interval_ns`` when there is a fast set, else
+    every ``slow_interval_ns / number of slow paths`` (at least 1 ms), or every
+    ``slow_interval_ns`` when there is nothing to probe.  At each tick:
+
+    1. every fast path is due (the fast set of a rail: the priority peers first, then the
+       others in config order, the first ``fast_peers`` that have an address on that rail);
+    2. the slow sweep is owed ``slow paths x tick / slow_interval`` more probes (fractions
+       carry over), taken round-robin over every other path, so each slow path is probed once
+       per ``slow_interval``.
+
+    A token bucket (``max_pps`` per second, holding one tick's worth plus one) bounds the total:
+    fast probes take tokens first (starting at a rotating offset, so an overloaded fast set
+    shares the budget); the slow sweep gets what is left and otherwise waits (its debt is
+    capped at one sweep).
+
+    Args:
+        paths: rail id -> the peers that have an address on that rail, in config order.
+        priority: peers to put first in every rail's fast set (e.g. the training job's ring
+            neighbours), in order.
+    """
+
+    MIN_TICK_NS = 1_000_000
+
+    def __init__(self, *, interval_ns: int, slow_interval_ns: int, fast_peers: int, max_pps: int,
+                 paths: Mapping[int, Sequence[str]], now_ns: int, priority: Sequence[str] = ()) -> None:
+        if interval_ns <= 0 or slow_interval_ns <= 0 or max_pps <= 0 or fast_peers < 0:
+            raise ValueError("intervals and max_pps must be positive, fast_peers not negative")
+        self.interval_ns = interval_ns
+        self.slow_interval_ns = slow_interval_ns
+        self.fast_peers = fast_peers
+        self.max_pps = max_pps
+        self._paths = {r: list(ps) for r, ps in paths.items()}
+        self._priority = list(priority)
+        self._next_tick = now_ns
+        self._fast_rot = 0
+        self._slow_cursor = 0
+        self._slow_debt = 0.0
+        self._arrange(now_ns)
+
+    # ------------------------------------------------------------ configuration
+
+    def _arrange(self, now_ns: int) -> None:
+        fast: list[tuple[int, str]] = []
+        slow: list[tuple[int, str]] = []
+        per_rail_slow: dict[int, list[str]] = {}
+        for rail in sorted(self._paths):
+            peers = self._paths[rail]
+            order = [p for p in self._priority if p in peers]
+            seen = set(order)
+            order += [p for p in peers if p not in seen]
+            fast += [(rail, p) for p in order[: self.fast_peers]]
+            per_rail_slow[rail] = order[self.fast_peers:]
+        # interleave rails so one sweep visits rails evenly
+        width = max((len(v) for v in per_rail_slow.values()), default=0)
+        for i in range(width):
+            for rail in sorted(per_rail_slow):
+                if i < len(per_rail_slow[rail]):
+                    slow.append((rail, per_rail_slow[rail][i]))
+        old_slow = getattr(self, "slow", [])
+        old_at = old_slow[self._slow_cursor % len(old_slow)] if old_slow else None
+        self.fast, self.slow = fast, slow
+        self._fast_set = set(fast)
+        self._slow_cursor = slow.index(old_at) if old_at in slow else 0
+        if fast:
+            self.tick_ns = self.interval_ns
+        elif slow:
+            self.tick_ns = max(self.MIN_TICK_NS, self.slow_interval_ns // len(slow))
+        else:  # nothing to probe: wake rarely
+            self.tick_ns = self.slow_interval_ns
+        tick_s = self.tick_ns / 1e9
+        self._bucket = TokenBucket(self.max_pps, max(1.0, self.max_pps * tick_s) + 1.0, now_ns)
+        self._slow_debt = min(self._slow_debt, float(len(slow)))
+
+    def set_paths(self, paths: Mapping[int, Sequence[str]], now_ns: int) -> None:
+        """Replace the paths (config reload); the fast/slow sets are recomputed."""
+        self._paths = {r: list(ps) for r, ps in paths.items()}
+        self._arrange(now_ns)
+
+    def set_priority(self, peers: Sequence[str], now_ns: int) -> None:
+        """Peers to put first in every rail's fast set (replaces the previous list)."""
+        self._priority = list(peers)
+        self._arrange(now_ns)
+
+    def set_timing(self, *, interval_ns: int, slow_interval_ns: int, fast_peers: int, max_pps: int, now_ns: int) -> None:
+        """Change the intervals, fast set size and rate bound (config reload)."""
+        self.interval_ns, self.slow_interval_ns, self.fast_peers, self.max_pps = interval_ns, slow_interval_ns, fast_peers, max_pps
+        self._next_tick = min(self._next_tick, now_ns + interval_ns)
+        self._arrange(now_ns)
+
+    def paths(self) -> list[tuple[int, str]]:
+        """Every (rail, peer) path probed, fast ones first."""
+        return self.fast + self.slow
+
+    def is_fast(self, rail: int, peer: str) -> bool:
+        return (rail, peer) in self._fast_set
+
+    # ------------------------------------------------------------ running
+
+    @property
+    def next_tick_ns(self) -> int:
+        return self._next_tick
+
+    def poll(self, now_ns: int) -> list[Send]:
+        """The probes to send now (empty before the next tick); advances to the next tick."""
+        if now_ns < self._next_tick:
+            return []
+        tick = self.tick_ns
+        # stay on the grid; if far behind (a stalled loop), restart it from now
+        self._next_tick += tick
+        if self._next_tick <= now_ns:
+            self._next_tick = now_ns + tick
+        b = self._bucket
+        b.refill(now_ns)
+        out: list[Send] = []
+        n = len(self.fast)
+        if n:
+            start = self._fast_rot % n
+            for i in range(n):
+                if not b.take():
+                    self._fast_rot = start + i  # the ones left out go first next time
+                    break
+                rail, peer = self.fast[(start + i) % n]
+                out.append(Send(rail, peer, True, self.interval_ns))
+        m = len(self.slow)
+        if m:
+            self._slow_debt = min(float(m), self._slow_debt + m * tick / self.slow_interval_ns)
+            while self._slow_debt >= 1.0 and b.take():
+                rail, peer = self.slow[self._slow_cursor % m]
+                self._slow_cursor = (self._slow_cursor + 1) % m
+                self._slow_debt -= 1.0
+                out.append(Send(rail, peer, False, self.slow_interval_ns))
+        return out
+
+
+# --------------------------------------------------------------------------- statistics
+
+
+class PathStats:
+    """Probe statistics of one (rail, peer) path.
+
+    ``ewma_rtt_ns`` is smoothed like TCP's SRTT (gain 1/8); ``loss`` is the share of lost
+    probes among the last ``window`` finished ones.
+    """
+
+    GAIN = 1 / 8
+
+    def __init__(self, window: int = 100) -> None:
+        self.results: deque[bool] = deque(maxlen=window)
+        self.last_rtt_ns: int | None = None
+        self.ewma_rtt_ns: float | None = None
+        self.replies = 0
+        self.lost = 0
+
+    def record(self, ok: bool, rtt_ns: int | None = None) -> None:
+        self.results.append(ok)
+        if ok:
+            self.replies += 1
+            if rtt_ns is not None:
+                self.last_rtt_ns = rtt_ns
+                self.ewma_rtt_ns = float(rtt_ns) if self.ewma_rtt_ns is None else self.ewma_rtt_ns + self.GAIN * (rtt_ns - self.ewma_rtt_ns)
+        else:
+            self.lost += 1
+
+    @property
+    def loss(self) -> float | None:
+        """Lost share over the window (None before any probe finished)."""
+        if not self.results:
+            return None
+        return 1.0 - sum(self.results) / len(self.results)
+
+    def to_json(self) -> dict:
+        return {
+            "last_rtt_us": None if self.last_rtt_ns is None else round(self.last_rtt_ns / 1e3, 1),
+            "ewma_rtt_us": None if self.ewma_rtt_ns is None else round(self.ewma_rtt_ns / 1e3, 1),
+            "loss": None if self.loss is None else round(self.loss, 4),
+            "window": len(self.results),
+            "replies": self.replies,
+            "lost": self.lost,
+        }

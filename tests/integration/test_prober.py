@@ -1,0 +1,195 @@
+"""The prober on the emulated fabric: one Prober per host namespace, real UDP over real rails.
+
+One run of about 5 s covers the healthy fabric, a blackholed rail (carrier stays up, only the
+probes can tell), random loss, and forged datagrams; every prober prints the ProbeResults it
+posted and its stats, and the checks read them afterwards by monotonic time (one clock for all
+namespaces).  Needs root, `ip` and `nft`; skipped otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+
+from linkpass import fabric as fab
+
+pytestmark = [
+    pytest.mark.root,
+    pytest.mark.skipif(os.geteuid() != 0, reason="needs root (network namespaces)"),
+    pytest.mark.skipif(not all(shutil.which(t) for t in ("ip", "nft")), reason="needs ip and nft"),
+]
+
+MS = 1_000_000
+INTERVAL_MS = 10  # the [probe] default the fabric's configs get
+
+#: Runs a Prober until stdin closes (reloading its config on each line); prints {"ready": t},
+#: then the posted events and the stats.
+RUNNER = r"""
+import asyncio, dataclasses, json, resource, sys, time
+from linkpass.adapters.prober import Prober
+from linkpass.config import load_config, read_key_file
+
+async def main():
+    cfg, key = load_config(sys.argv[1]), read_key_file(sys.argv[2])
+    events = []
+    pr = Prober(cfg, key, events.append)
+    await pr.start()
+    task = asyncio.create_task(pr.run())
+    ru0, w0 = resource.getrusage(resource.RUSAGE_SELF), time.monotonic()
+    print(json.dumps({"ready": time.monotonic_ns()}), flush=True)
+    loop = asyncio.get_running_loop()
+    while line := await loop.run_in_executor(None, sys.stdin.readline):  # "reload" lines, then EOF
+        pr.reconfigure(load_config(sys.argv[1]), read_key_file(sys.argv[2]))
+        pr.set_priority_peers([p.name for p in pr.cfg.peers])
+    ru1, w1 = resource.getrusage(resource.RUSAGE_SELF), time.monotonic()
+    await pr.close()
+    await task
+    for ev in events:
+        print(json.dumps(dataclasses.asdict(ev)))
+    cpu = (ru1.ru_utime + ru1.ru_stime) - (ru0.ru_utime + ru0.ru_stime)
+    print(json.dumps({"stats": pr.stats(), "cpu_s": cpu, "wall_s": w1 - w0}), flush=True)
+
+asyncio.run(main())
+"""
+
+FORGER = r"""
+import os, socket, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+ip, port, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+from linkpass.core.probe import Probe, REQUEST, REPLY, encode
+for i in range(n):
+    s.sendto(encode(Probe(REQUEST if i % 2 else REPLY, "h1", "h0", 0, i, i), b"wrong key, wrong key!"), (ip, port))
+for size in (0, 1, 58, 100, 186, 1400):
+    s.sendto(b"LPP1" + os.urandom(max(0, size - 4)) if size >= 4 else os.urandom(size), (ip, port))
+"""
+FORGED = 20
+
+
+def _start(ns: str, cfg: str, key: str) -> subprocess.Popen:
+    return subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, "-c", RUNNER, cfg, key],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _finish(p: subprocess.Popen) -> tuple[list[dict], dict]:
+    out, err = p.communicate(timeout=20)
+    assert p.returncode == 0, f"prober failed ({p.returncode}): {err[-2000:]}"
+    lines = [json.loads(x) for x in out.splitlines() if x.strip()]
+    return [x for x in lines if "rail" in x], next(x for x in lines if "stats" in x)
+
+
+def _between(evs: list[dict], rail: int, t0: int, t1: int) -> list[dict]:
+    return [e for e in evs if e["rail"] == rail and e["peer"] == "h1" and t0 <= e["t_ns"] < t1]
+
+
+def test_prober_on_the_fabric():
+    name = "pr" + secrets.token_hex(4)
+    procs: list[subprocess.Popen] = []
+    try:
+        desc = fab.up(2, 2, name)
+        key = desc["notice_key_file"]
+        for h in desc["hosts"]:
+            procs.append(_start(h["netns"], h["config"], key))
+        for p in procs:  # wait until both answer
+            line = p.stdout.readline()
+            assert line, f"prober did not start: {p.stderr.read()[-2000:]}"
+        t_start = time.monotonic_ns()
+        time.sleep(0.3)
+        for p in procs:  # a config reload while probing loses nothing
+            p.stdin.write("reload\n")
+            p.stdin.flush()
+        time.sleep(0.3)
+
+        # what the daemon does in per-rail-ip mode when h1 thinks h0's rail 0 is gone: carry
+        # h0's rail-0 address over rail 1.  h1's replies to h0's rail-0 probes must still go
+        # back over rail 0 (or h0 could never see rail 0 recover).
+        h0_rail0, h0_rail1 = (r["address"] for r in desc["hosts"][0]["rails"])
+        h1ns = desc["hosts"][1]["netns"]
+        route = [h0_rail0 + "/32", "via", h0_rail1, "dev", "rail1"]
+        subprocess.run(["ip", "-n", h1ns, "route", "add", *route], check=True)
+        t_rr0 = time.monotonic_ns()
+        time.sleep(0.4)
+        t_rr1 = time.monotonic_ns()
+        subprocess.run(["ip", "-n", h1ns, "route", "del", *route], check=True)
+
+        blackhole = fab.cut(name, 1, 0, "blackhole")
+        time.sleep(0.6)
+        healed1 = fab.heal(name, 1, 0)
+        time.sleep(0.3)
+
+        lossy = fab.cut(name, 1, 0, "loss:30")
+        time.sleep(1.5)
+        healed2 = fab.heal(name, 1, 0)
+        time.sleep(0.2)
+
+        subprocess.run(["ip", "netns", "exec", h1ns, sys.executable, "-c", FORGER, "198.18.0.1", "7472", str(FORGED)], check=True)
+        t_forged = time.monotonic_ns()
+        time.sleep(0.4)
+        t_end = time.monotonic_ns()
+
+        (ev0, st0), (ev1, st1) = (_finish(p) for p in procs)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        fab.down(name)
+
+    # ---- healthy (with a config reload half-way): every probe on both rails is answered, both
+    # ways, with an RTT
+    for evs in (ev0, ev1):
+        peer = "h1" if evs is ev0 else "h0"
+        for rail in (0, 1):
+            w = [e for e in evs if e["rail"] == rail and e["peer"] == peer and t_start + 50 * MS <= e["t_ns"] < t_rr0]
+            assert len(w) >= 50, (rail, len(w))
+            assert all(e["ok"] and 0 < e["rtt_ns"] < INTERVAL_MS * MS for e in w), [e for e in w if not e["ok"]][:5]
+
+    # ---- a route of h1 carrying h0's rail-0 address over rail 1 changes nothing for the probes
+    for evs in (ev0, ev1):
+        peer = "h1" if evs is ev0 else "h0"
+        w = [e for e in evs if e["rail"] == 0 and e["peer"] == peer and t_rr0 + 5 * MS <= e["t_ns"] < t_rr1]
+        assert len(w) >= 30 and all(e["ok"] for e in w), (peer, [e for e in w if not e["ok"]][:3])
+
+    # ---- blackhole on h1's rail-0 port: h0 sees rail 0 fail within ~3 intervals, rail 1 stays fine
+    bh_done = blackhole["t_done_ns"]
+    first_fail = min(e["t_ns"] for e in _between(ev0, 0, blackhole["t_issued_ns"], healed1["t_issued_ns"]) if not e["ok"])
+    assert first_fail - bh_done <= 3 * INTERVAL_MS * MS + 20 * MS, f"first failure {(first_fail - bh_done) / MS:.1f} ms after the cut"
+    during = _between(ev0, 0, bh_done + 3 * INTERVAL_MS * MS, healed1["t_issued_ns"])
+    assert len(during) >= 40 and not any(e["ok"] for e in during)
+    other = _between(ev0, 1, blackhole["t_issued_ns"], healed1["t_done_ns"])
+    assert len(other) >= 40 and all(e["ok"] for e in other)
+    back = [e["t_ns"] for e in _between(ev0, 0, healed1["t_done_ns"], lossy["t_issued_ns"]) if e["ok"]]
+    assert back and back[0] - healed1["t_done_ns"] < 200 * MS, "rail 0 did not come back after heal"
+
+    # ---- 30 % loss each way (about 51 % of round trips): some probes fail, some succeed
+    lw = _between(ev0, 0, lossy["t_done_ns"] + INTERVAL_MS * MS, healed2["t_issued_ns"])
+    lost = sum(not e["ok"] for e in lw) / len(lw)
+    assert len(lw) >= 100 and 0.2 <= lost <= 0.85, (len(lw), lost)
+    assert all(e["ok"] for e in _between(ev0, 1, lossy["t_done_ns"], healed2["t_issued_ns"]))
+
+    # ---- forged datagrams are counted and do not stop the prober
+    c = st0["stats"]["counters"]
+    # the wrong-key probes and the 100-byte "LPP1..." one fail the MAC; 0, 1 and 58 bytes are
+    # too short; 186 and 1400 bytes too long
+    assert (c["rejected_auth"], c.get("rejected_malformed", 0), c.get("rejected_oversized", 0)) == (FORGED + 1, 3, 2), c
+    for rail in (0, 1):
+        after = _between(ev0, rail, t_forged + 20 * MS, t_end)
+        assert len(after) >= 20 and all(e["ok"] for e in after), rail
+
+    # ---- stats: per path figures and counters that add up
+    paths = {(p["rail"], p["peer"]): p for p in st0["stats"]["paths"]}
+    assert set(paths) == {(0, "h1"), (1, "h1")} and all(p["fast"] for p in paths.values())
+    assert st0["stats"]["priority_peers"] == ["h1"] and st1["stats"]["priority_peers"] == ["h0"]  # the reload ran
+    assert paths[(1, "h1")]["loss"] == 0.0 and paths[(1, "h1")]["ewma_rtt_us"] > 0
+    assert c["replies"] == sum(e["ok"] for e in ev0) and c["timeouts"] == sum(not e["ok"] for e in ev0)
+    assert c["answered"] >= st1["stats"]["counters"]["replies"]
+    print(f"\nprober CPU: h0 {100 * st0['cpu_s'] / st0['wall_s']:.1f} %, h1 {100 * st1['cpu_s'] / st1['wall_s']:.1f} % "
+          f"of one core over {st0['wall_s']:.1f} s (2 rails x 1 peer at {INTERVAL_MS} ms, answering the peer's probes too); "
+          f"blackhole reported {(first_fail - blackhole['t_issued_ns']) / MS:.1f} ms after the cut was issued, back {(back[0] - healed1['t_done_ns']) / MS:.1f} ms "
+          f"after the heal; loss:30 -> {100 * lost:.0f} % of {len(lw)} probes lost")
