@@ -26,6 +26,7 @@ from pathlib import Path
 
 from linkpass.adapters.netlink import NetlinkMonitor
 from linkpass.adapters.notices import NoticeService
+from linkpass.adapters.probe_filter import ProbeFilter
 from linkpass.adapters.prober import Prober
 from linkpass.adapters.routes import RouteActuator
 from linkpass.config import Config, ConfigError, load_config, read_key_file
@@ -71,7 +72,8 @@ class Daemon:
         self.monitor = NetlinkMonitor(self.queue.put_nowait, self._route_filter, cfg.daemon.netlink_rcvbuf_bytes)
         self.routes = RouteActuator(self.queue.put_nowait, cfg.daemon.route_protocol, cfg.daemon.route_table)
         self.notices = NoticeService(cfg, self.key, self.queue.put_nowait) if self.key else None
-        self.prober = Prober(cfg, self.key, self.queue.put_nowait) if (self.key and cfg.probe.enabled) else None
+        self.probe_filter = ProbeFilter(cfg, self.queue.put_nowait)
+        self.prober = Prober(cfg, self.key, self.probe_filter) if (self.key and cfg.probe.enabled) else None
         if cfg.probe.enabled and not self.key:
             log.warning("probing needs notice_key_file (probes are authenticated with it): probes are disabled")
         self._timer: asyncio.TimerHandle | None = None
@@ -168,6 +170,8 @@ class Daemon:
             "route_errors": self.routes.errors_total,
             **({f"notices_{k}": v for k, v in self.notices.counters.items()} if self.notices else {}),
             **({f"probes_{k}": v for k, v in self.prober.counters.items()} if self.prober else {}),
+            "probe_results_forwarded": self.probe_filter.forwarded,
+            "probe_results_absorbed": self.probe_filter.absorbed,
         }
         return st
 
@@ -263,6 +267,7 @@ class Daemon:
             self.notices.reconfigure(cfg, key)
         if self.prober and key:
             self.prober.reconfigure(cfg, key)
+        self.probe_filter.reconfigure(cfg)
         logging.getLogger("linkpass").setLevel(cfg.daemon.log_level.upper())
         self._tune_rails()
         log.info("config reloaded from %s", self.config_path)

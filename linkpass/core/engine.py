@@ -27,6 +27,7 @@ from linkpass.core.model import (
     LinkFacts,
     LinkSnapshot,
     PeerRails,
+    ProbeLoss,
     ProbeResult,
     RouteChanged,
     RoutesApplied,
@@ -81,7 +82,7 @@ class Engine:
         self._link_up_ns: dict[int, int] = {}     # rail -> when its link last came back
         self.paths: dict[tuple[int, str], PathHealth] = {}
         self.probe_failed: dict[int, str] = {}   # rail -> why its probes say it is failed
-        self.loss: dict[int, deque] = {}          # rail -> deque of (t_ns, ok) within the loss window
+        self.loss: dict[int, tuple[float, int]] = {}  # rail -> (loss ratio, samples) from the edge
         self.degraded: set[int] = set()
         self._configure(cfg)
 
@@ -138,6 +139,8 @@ class Engine:
             return self._on_link(event, now_ns)
         if isinstance(event, ProbeResult):
             return self._on_probe(event, now_ns)
+        if isinstance(event, ProbeLoss):
+            return self._on_loss(event, now_ns)
         if isinstance(event, Tick):
             return self._on_tick(now_ns)
         if isinstance(event, PeerRails):
@@ -285,27 +288,28 @@ class Engine:
                 del self.probe_failed[rid]
                 self._eval_rail(rid, ev.t_ns, now_ns)
                 changed = True
-        # loss over the window -> DEGRADED
-        win = self.loss.setdefault(ev.rail, deque())
-        win.append((now_ns, ev.ok))
-        horizon = now_ns - pc.loss_window_ms * 1_000_000
-        while win and win[0][0] < horizon:
-            win.popleft()
-        if len(win) >= 20:
-            ratio = sum(1 for _, ok in win if not ok) / len(win)
-            deg = ratio > pc.degraded_loss
-            if deg != (ev.rail in self.degraded):
-                (self.degraded.add if deg else self.degraded.discard)(ev.rail)
-                self._record("degraded" if deg else "recovered", now_ns, {"rail": ev.rail, "loss": round(ratio, 4)})
-                log.warning("rail %d: %s (loss %.1f%% over %d probes)", ev.rail, "DEGRADED" if deg else "no longer degraded", 100 * ratio, len(win))
-                changed = True
         if not changed or not self.synced:
             return []
         return self._replan(now_ns, f"probes on rail {ev.rail}")
 
+    def _on_loss(self, ev: ProbeLoss, now_ns: int) -> list[Action]:
+        """Aggregated probe loss of a rail -> DEGRADED (traffic prefers clean rails)."""
+        if ev.rail not in self.rails:
+            return []
+        self.loss[ev.rail] = (ev.loss, ev.samples)
+        if ev.samples < 20:
+            return []
+        deg = ev.loss > self.cfg.probe.degraded_loss
+        if deg == (ev.rail in self.degraded):
+            return []
+        (self.degraded.add if deg else self.degraded.discard)(ev.rail)
+        self._record("degraded" if deg else "recovered", now_ns, {"rail": ev.rail, "loss": round(ev.loss, 4), "samples": ev.samples})
+        log.warning("rail %d: %s (probe loss %.1f%% over %d probes)", ev.rail, "DEGRADED" if deg else "no longer degraded", 100 * ev.loss, ev.samples)
+        return self._replan(now_ns, f"probe loss on rail {ev.rail}") if self.synced else []
+
     def rail_loss(self, rid: int) -> float | None:
-        win = self.loss.get(rid)
-        return None if not win else round(sum(1 for _, ok in win if not ok) / len(win), 4)
+        v = self.loss.get(rid)
+        return None if v is None else round(v[0], 4)
 
     def _eval_rail(self, rid: int, event_ns: int, now_ns: int) -> None:
         netdev = next(r.netdev for r in self.cfg.rails if r.id == rid)

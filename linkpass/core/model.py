@@ -151,6 +151,23 @@ class ProbeResult:
 
 
 @dataclass(frozen=True)
+class ProbeLoss:
+    """Probe loss on one rail over the loss window, aggregated at the edge (the prober sends
+    hundreds of results a second; the engine needs the ratio, not every result).
+
+    Attributes:
+        rail: local rail id.
+        loss: lost / sent over the window, 0..1.
+        samples: probes in the window (only paths that have answered at least once count).
+    """
+
+    rail: int
+    loss: float
+    samples: int
+    t_ns: int
+
+
+@dataclass(frozen=True)
 class Tick:
     """A timer the engine asked for has expired."""
 
@@ -166,7 +183,7 @@ class Drain:
     t_ns: int
 
 
-Event = Union[LinkChanged, LinkSnapshot, AddrChanged, RouteChanged, PeerRails, RoutesApplied, ProbeResult, Tick, Drain]
+Event = Union[LinkChanged, LinkSnapshot, AddrChanged, RouteChanged, PeerRails, RoutesApplied, ProbeResult, ProbeLoss, Tick, Drain]
 
 # --------------------------------------------------------------------------- routes
 

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from unit_helpers import applies, make_cfg, snapshot
+from unit_helpers import make_cfg, snapshot
 
 from linkpass.core.engine import Engine
-from linkpass.core.model import ApplyRoutes, ProbeResult, SendNotice, Tick
+from linkpass.core.model import ApplyRoutes, ProbeLoss, ProbeResult, SendNotice, Tick
 
 MS = 1_000_000
 
@@ -79,35 +79,43 @@ def test_probe_results_without_change_do_nothing():
 def test_loss_over_the_window_marks_the_rail_degraded_and_traffic_avoids_it():
     cfg, e, _ = engine(1)
     h1_ip = str(cfg.peers[0].host_ip)
-    t = 0
-    acts = []
-    for i in range(40):  # every 4th probe lost: 25 % loss, never 3 in a row
-        t += 10 * MS
-        acts += probe(e, t, 0, "h1", i % 4 != 0)
-        acts += probe(e, t, 1, "h1", True)
+    t = 10 * MS
+    assert e.handle(ProbeLoss(0, 0.25, 10, t), t) == []  # too few samples to judge
+    acts = e.handle(ProbeLoss(0, 0.25, 40, t), t) + e.handle(ProbeLoss(1, 0.0, 40, t), t)
     assert 0 in e.degraded and 1 not in e.degraded
     assert e.rails[0].state.value == "UP"  # degraded is not down
     assert rails_to(acts, h1_ip) == [1]
     st = e.status(t)
-    assert st["rails"][0]["degraded"] is True and st["rails"][0]["probe_loss"] > 0.1
-    # once losses stop and the window slides past them, the rail is clean again
-    for i in range(250):
-        t += 10 * MS
-        acts += probe(e, t, 0, "h1", True)
+    assert st["rails"][0]["degraded"] is True and st["rails"][0]["probe_loss"] == 0.25
+    acts = e.handle(ProbeLoss(0, 0.01, 200, t + 2000 * MS), t + 2000 * MS)
     assert 0 not in e.degraded and rails_to(acts, h1_ip) == [0, 1]
 
 
 def test_degraded_rail_still_used_when_it_is_the_only_one():
     cfg, e, _ = engine(1)
     h1_ip = str(cfg.peers[0].host_ip)
-    t = 0
-    acts = []
-    for i in range(40):
-        t += 10 * MS
-        acts += probe(e, t, 0, "h1", i % 4 != 0)
-        acts += probe(e, t, 1, "h1", i % 4 != 0)
+    t = 10 * MS
+    acts = e.handle(ProbeLoss(0, 0.3, 40, t), t) + e.handle(ProbeLoss(1, 0.3, 40, t), t)
     assert e.degraded == {0, 1} and rails_to(acts, h1_ip) == [0, 1]
-    assert applies(acts)
+
+
+def test_probe_filter_forwards_only_what_decides():
+    from linkpass.adapters.probe_filter import ProbeFilter
+
+    cfg, _, _ = engine(1)
+    out = []
+    f = ProbeFilter(cfg, out.append)
+    f(ProbeResult(0, "h1", False, 1 * MS))            # never answered: absorbed
+    assert out == []
+    f(ProbeResult(0, "h1", True, 2 * MS, rtt_ns=1))   # first answer: forwarded (path comes UP)
+    for i in range(3, 50):
+        f(ProbeResult(0, "h1", True, i * MS, rtt_ns=1))  # steady successes: absorbed
+    f(ProbeResult(0, "h1", False, 60 * MS))           # a miss: forwarded
+    f(ProbeResult(0, "h1", True, 70 * MS, rtt_ns=1))  # first success after it: forwarded
+    results = [x for x in out if isinstance(x, ProbeResult)]
+    assert [(r.ok, r.t_ns) for r in results] == [(True, 2 * MS), (False, 60 * MS), (True, 70 * MS)]
+    losses = [x for x in out if isinstance(x, ProbeLoss)]
+    assert losses and losses[0].rail == 0 and f.absorbed >= 47
 
 
 def test_never_answered_or_dead_peer_fails_no_rail():
