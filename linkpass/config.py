@@ -130,7 +130,7 @@ class ProbeSection(_Strict):
     port: StrictInt = Field(7472, ge=1, le=65535, description="UDP port of the probe responder.")
     interval_ms: StrictInt = Field(10, ge=1, le=60_000, description="Fast-set probe interval per path (BFD: desired min TX).")
     detect_multiplier: StrictInt = Field(3, ge=1, le=255, description="Missed probes in a row that make a path DOWN (BFD: detect mult).")
-    fast_peers: StrictInt = Field(4, ge=0, le=1024, description="Peers per rail probed at the fast interval (configured/registered first, then a random sample).")
+    fast_peers: StrictInt = Field(2, ge=0, le=1024, description="Peers per rail probed at the fast interval (configured/registered first, then a random sample).")
     slow_interval_ms: StrictInt = Field(1000, ge=10, le=600_000, description="Interval at which the other peers are swept.")
     max_pps: StrictInt = Field(2000, ge=1, le=1_000_000, description="Upper bound on probes sent per second by this host, whatever the peer count.")
     rail_down_share: float = Field(0.5, gt=0, le=1, description="A rail fails when this share of its probed peers are DOWN.")

@@ -28,6 +28,7 @@ A bad datagram is counted (``rejected_<kind>``) and dropped; it never stops the 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import errno
 import logging
 import socket
@@ -48,10 +49,17 @@ _GONE = {errno.ENODEV, errno.ENXIO}
 
 
 def rail_paths(cfg: Config) -> dict[int, list[str]]:
-    """rail id -> the peers with an address on that rail, in config order ({} when disabled)."""
+    """rail id -> the peers with an address on that rail ({} when disabled), in an order of this
+    host's own: sorted by SHA-256 of (this host, peer), so every host's fast set is a different
+    stable sample of the peers and no peer becomes every host's probe target (a hot spot)."""
     if not cfg.probe.enabled:
         return {}
-    return {r.id: [p.name for p in cfg.peers if r.id in p.rail_ips] for r in cfg.rails}
+    me = cfg.daemon.host
+
+    def spread(name: str) -> bytes:
+        return hashlib.sha256(f"{me}\0{name}".encode()).digest()
+
+    return {r.id: sorted((p.name for p in cfg.peers if r.id in p.rail_ips), key=spread) for r in cfg.rails}
 
 
 class Prober:
