@@ -77,7 +77,7 @@ class Engine:
         self._timer_at: int | None = None
         self._plan_usable: frozenset[int] = frozenset()
         self._resync_routes = False
-        self._raw_ok: dict[int, bool] = {}       # rail -> last link+probe verdict (for damping)
+        self._raw_ok: dict[int, bool] = {}       # rail -> last link+probe verdict (flaps while suppressed)
         self._link_healthy: dict[int, bool] = {}  # rail -> last link verdict alone
         self._link_up_ns: dict[int, int] = {}     # rail -> when its link last came back
         self.paths: dict[tuple[int, str], PathHealth] = {}
@@ -320,19 +320,26 @@ class Engine:
         ok = facts.healthy and rid not in self.probe_failed
         reason = facts.why_not() or self.probe_failed.get(rid) or f"{netdev} up"
         damper = self.dampers.get(rid)
-        if damper is not None:
+        if damper is not None and damper.suppressed(now_ns):
+            # a suppressed route that keeps flapping keeps earning penalty (RFC 2439)
             if self._raw_ok.get(rid) is True and not ok:
-                if damper.on_down(now_ns):
-                    self._record("damping", now_ns, {"rail": rid, **damper.to_json(now_ns)})
+                damper.on_down(now_ns)
             self._raw_ok[rid] = ok
-            if ok and damper.suppressed(now_ns):
-                rel = damper.release_at(now_ns)
-                ok = False
-                reason = (f"flap damping: suppressed (penalty {damper.penalty_at(now_ns):.0f}) "
-                          f"for {max(0, (rel or now_ns) - now_ns) / 1e9:.1f} s more")
+        elif damper is not None:
+            self._raw_ok[rid] = ok
+        if damper is not None and ok and damper.suppressed(now_ns):
+            rel = damper.release_at(now_ns)
+            ok = False
+            reason = (f"flap damping: suppressed (penalty {damper.penalty_at(now_ns):.0f}) "
+                      f"for {max(0, (rel or now_ns) - now_ns) / 1e9:.1f} s more")
         t = self.rails[rid].on_link(ok, reason, now_ns)
         if t:
             self._record_transition(t, now_ns, event_ns)
+            # a flap is a withdrawal: traffic was on the rail and had to leave it (RFC 2439 counts
+            # withdrawals); going back DOWN during hold-down moved no traffic and adds nothing
+            if damper is not None and t.new == RailState.DOWN and t.old in (RailState.UP, RailState.SUSPECT):
+                if damper.on_down(now_ns):
+                    self._record("damping", now_ns, {"rail": rid, **damper.to_json(now_ns)})
         if not (facts.present and facts.admin_up):
             # IPv4 flushes routes through a netdev that goes down or away without telling
             # anyone (no RTM_DELROUTE): the actuator must re-read the kernel next time.
