@@ -151,6 +151,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     register_topology(sub)
 
+    from linkpass.benchcmd import register as register_bench
+
+    register_bench(sub)
+
     d = sub.add_parser("demo", help="fabric + daemons + a gloo training job that keeps training through a rail cut")
     d.add_argument("--hosts", type=int, default=2)
     d.add_argument("--rails", type=int, default=2)

@@ -31,7 +31,7 @@ from linkpass.adapters.prober import Prober
 from linkpass.adapters.routes import RouteActuator
 from linkpass.config import Config, ConfigError, load_config, read_key_file
 from linkpass.core.engine import Engine
-from linkpass.core.model import ApplyRoutes, LinkChanged, SendNotice, SetTimer, Tick
+from linkpass.core.model import ApplyRoutes, LinkChanged, RefreshNeighbors, SendNotice, SetTimer, Tick
 from linkpass.core.planner import all_destinations
 
 log = logging.getLogger("linkpass.daemon")
@@ -129,6 +129,8 @@ class Daemon:
                     self.notices.submit(a)
             elif isinstance(a, SetTimer):
                 self._set_timer(a.at_ns)
+            elif isinstance(a, RefreshNeighbors):
+                asyncio.get_running_loop().create_task(self.routes.refresh_neighbors(a.netdev))
 
     def _set_timer(self, at_ns: int) -> None:
         if self._timer:

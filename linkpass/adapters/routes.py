@@ -26,6 +26,8 @@ from linkpass.core.reconcile import diff
 log = logging.getLogger("linkpass.routes")
 
 FLUSH_PATH = "/proc/sys/net/ipv4/route/flush"
+NUD_INCOMPLETE = 0x01
+NUD_FAILED = 0x20
 NUD_NOARP = 0x40
 NUD_PERMANENT = 0x80
 
@@ -177,9 +179,25 @@ class RouteActuator:
         self.errors_total += len(errors)
         return RoutesApplied(plan.generation, t_in, replaced, deleted, tuple(errors), d.conflicts)
 
-    async def purge_neighbors(self, ipr: AsyncIPRoute, netdev: str) -> int:
+    async def refresh_neighbors(self, netdev: str) -> int:
+        """Delete ``netdev``'s unresolved (INCOMPLETE/FAILED) entries; see RefreshNeighbors."""
+        try:
+            async with AsyncIPRoute() as ipr:  # its own socket: the route worker may be mid-request
+                idx = self._idx.get(netdev)
+                if idx is None:
+                    found = await ipr.link_lookup(ifname=netdev)
+                    if not found:
+                        return 0
+                    self._idx[netdev] = found[0]
+                return await self.purge_neighbors(ipr, netdev, only_states=NUD_INCOMPLETE | NUD_FAILED)
+        except (NetlinkError, OSError) as e:
+            log.debug("neighbour refresh on %s: %s", netdev, e)
+            return 0
+
+    async def purge_neighbors(self, ipr: AsyncIPRoute, netdev: str, only_states: int | None = None) -> int:
         """Delete the dynamic IPv4 neighbour entries of ``netdev`` (like ``ip neigh flush dev``),
-        freeing packets queued behind an unresolvable entry on a dead rail.  Returns the count."""
+        freeing packets queued behind an unresolvable entry on a dead rail.  ``only_states``
+        limits it to entries in those NUD states.  Returns the count."""
         try:
             idx = await self._ifindex(ipr, netdev)
         except KeyError:
@@ -188,6 +206,8 @@ class RouteActuator:
         entries = [m async for m in await ipr.neigh("dump", ifindex=idx, family=socket.AF_INET)]
         for m in entries:
             if m.get("ifindex") != idx or m.get("state", 0) & (NUD_PERMANENT | NUD_NOARP):
+                continue
+            if only_states is not None and not m.get("state", 0) & only_states:
                 continue
             dst = m.get("dst")
             if not dst:

@@ -29,6 +29,7 @@ from linkpass.core.model import (
     PeerRails,
     ProbeLoss,
     ProbeResult,
+    RefreshNeighbors,
     RouteChanged,
     RoutesApplied,
     SendNotice,
@@ -80,6 +81,7 @@ class Engine:
         self._raw_ok: dict[int, bool] = {}       # rail -> last link+probe verdict (flaps while suppressed)
         self._link_healthy: dict[int, bool] = {}  # rail -> last link verdict alone
         self._link_up_ns: dict[int, int] = {}     # rail -> when its link last came back
+        self._pending: list[Action] = []          # actions produced outside _replan (neighbour refresh)
         self.paths: dict[tuple[int, str], PathHealth] = {}
         self.probe_failed: dict[int, str] = {}   # rail -> why its probes say it is failed
         self.loss: dict[int, tuple[float, int]] = {}  # rail -> (loss ratio, samples) from the edge
@@ -133,6 +135,13 @@ class Engine:
         Never raises on event content; an :class:`~linkpass.core.health.IllegalTransition`
         would be a bug in this module.
         """
+        actions = self._handle(event, now_ns)
+        if self._pending:
+            actions = self._pending + actions
+            self._pending = []
+        return actions
+
+    def _handle(self, event: Event, now_ns: int) -> list[Action]:
         if isinstance(event, LinkSnapshot):
             return self._on_snapshot(event, now_ns)
         if isinstance(event, LinkChanged):
@@ -316,6 +325,7 @@ class Engine:
         facts = self.links.get(netdev) or LinkFacts(netdev, present=False, admin_up=False, carrier=False, operstate="NOTPRESENT")
         if facts.healthy and not self._link_healthy.get(rid, True):
             self._link_up_ns[rid] = now_ns
+            self._pending.append(RefreshNeighbors(netdev))
         self._link_healthy[rid] = facts.healthy
         ok = facts.healthy and rid not in self.probe_failed
         reason = facts.why_not() or self.probe_failed.get(rid) or f"{netdev} up"

@@ -290,7 +290,19 @@ class SetTimer:
     at_ns: int
 
 
-Action = Union[ApplyRoutes, SendNotice, SetTimer]
+@dataclass(frozen=True)
+class RefreshNeighbors:
+    """A rail's link came back: drop its unresolved (INCOMPLETE/FAILED) neighbour entries.
+
+    ARP requests sent while the link was down were lost; an INCOMPLETE entry only retries on its
+    own timer (``retrans_time``, 1 s by default), so the first packets after the link returns
+    wait up to that long.  Deleting the entry makes the next packet resolve at once.
+    """
+
+    netdev: str
+
+
+Action = Union[ApplyRoutes, SendNotice, SetTimer, RefreshNeighbors]
 
 
 @dataclass

@@ -10,6 +10,7 @@ import pytest
 from linkpass.core.engine import Engine
 from linkpass.core.health import RailState
 from linkpass.core.model import (
+    RefreshNeighbors,
     AddrChanged,
     ApplyRoutes,
     Drain,
@@ -183,7 +184,8 @@ def test_carrier_loss_then_failback_after_hold_down():
     t2 = 5 * S
     acts = eng.handle(link(up("rail1"), t2), t2)
     assert eng.rails[1].state == RailState.HOLD_DOWN
-    assert acts == [SetTimer(t2 + 2 * S)]
+    # the link is back: refresh its unresolved neighbour entries, and a hold-down timer
+    assert acts == [RefreshNeighbors("rail1"), SetTimer(t2 + 2 * S)]
     assert eng.generation == 2
 
     # a tick before the deadline changes nothing
