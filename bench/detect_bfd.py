@@ -9,7 +9,9 @@ One emulated fabric (name ``bnbfd`` by default), one linkpass daemon per host wi
 ``[probe] interval_ms`` / ``detect_multiplier`` set to ``--interval-ms`` / ``--multiplier``, and
 (unless ``--no-bfd``) one FRR ``bfdd`` per host namespace with a single-hop BFD peer over rail 0
 to every other host, ``receive-interval`` = ``transmit-interval`` = ``--interval-ms`` and
-``detect-multiplier`` = ``--multiplier``.  bfdd runs without zebra (it needs none for a
+``detect-multiplier`` = ``--multiplier``.  The daemons' flap damping is disabled (``[damping]
+enabled = false``): the trials are cuts about a second apart, which the damper would otherwise
+treat as a flapping rail and keep suppressed after the third.  bfdd runs without zebra (it needs none for a
 session bound to local/peer addresses), each instance under its own ``-N`` path space.
 
 ``--trials`` times: ``fab.cut(mode)`` on host 1 rail 0; poll bfdd's vty socket (``show bfd
@@ -50,7 +52,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _cluster import (  # noqa: E402
+from _cluster import (
     BenchCluster,
     BenchError,
     install_sigterm,
@@ -61,7 +63,7 @@ from _cluster import (  # noqa: E402
     write_json,
 )
 
-from linkpass import fabric as fab  # noqa: E402
+from linkpass import fabric as fab
 
 SCHEMA = "linkpass.bench.detect_bfd/v1"
 BFDD_CANDIDATES = ("/usr/lib/frr/bfdd", "/usr/sbin/bfdd", "/usr/local/sbin/bfdd")
@@ -87,7 +89,7 @@ def ensure_bfdd() -> tuple[str | None, str]:
     if not shutil.which("apt-get"):
         return None, "bfdd missing and apt-get not available: frr not installed"
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    r = subprocess.run(["apt-get", "install", "-y", "frr"], capture_output=True, text=True, env=env, timeout=600)
+    r = subprocess.run(["apt-get", "install", "-y", "frr"], check=False, capture_output=True, text=True, env=env, timeout=600)
     p = find_bfdd()
     if p:
         return p, "installed frr with apt-get"
@@ -252,6 +254,9 @@ class ProbeCluster(BenchCluster):
         for h in desc["hosts"]:
             with open(h["config"], "a", encoding="utf-8") as f:
                 f.write(f"\n[probe]\ninterval_ms = {self.interval_ms}\ndetect_multiplier = {self.multiplier}\n")
+                # repeated cuts a second apart are flaps to the damper: after 3 it would keep
+                # the rail suppressed and later trials would measure nothing
+                f.write("\n[damping]\nenabled = false\n")
         return desc
 
 
@@ -338,8 +343,10 @@ def analyse(args, cl: BenchCluster, trials: list[dict], t0: int, t1: int) -> dic
         tr["path_down_ms"] = None if not pdown else round((pdown["t_ns"] - t_cut) / 1e6, 3)
         tr["reroute_ms"] = None
         if down:
-            plan = _first(mine, lambda e: e["kind"] == "plan" and e["t_ns"] >= down["t_ns"] and CUT_RAIL not in e["usable"])
-            ap = plan and _first(mine, lambda e: e["kind"] == "routes_applied" and e["generation"] >= plan["generation"])
+            t_down = down["t_ns"]
+            plan = _first(mine, lambda e, t=t_down: e["kind"] == "plan" and e["t_ns"] >= t and CUT_RAIL not in e["usable"])
+            gen = plan["generation"] if plan else None
+            ap = plan and _first(mine, lambda e, g=gen: e["kind"] == "routes_applied" and e["generation"] >= g)
             if ap:
                 tr["reroute_ms"] = round((ap["t_ns"] - down["t_ns"]) / 1e6, 3)
     in_run = {i: [e for e in H[i] if t0 <= e["t_ns"] < t1] for i in H}

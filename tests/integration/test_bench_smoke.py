@@ -47,3 +47,16 @@ def test_topology_speed_smoke(tmp_path):
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     r = json.loads(out.read_text())
     assert [t["gpus"] for t in r["trees"]] == [8, 8] and all(t["rails"] == 8 for t in r["trees"])
+
+
+def test_bench_detect_no_bfd_smoke(tmp_path):
+    out = tmp_path / "db.json"
+    p = subprocess.run([sys.executable, "-m", "linkpass.cli", "bench", "detect", "--mode", "carrier-loss", "--trials", "2",
+                        "--no-bfd", "--settle-ms", "50", "--name", "bnsmb", "--json", str(out)],
+                       check=False, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    r = json.loads(out.read_text())
+    assert r["schema"] == "linkpass.bench.detect_bfd/v1" and r["bfdd"] is None and not r["bfdd_available"]
+    lp = r["linkpass"]
+    assert lp["misses"] == 0 and lp["detect_ms"]["n"] == 2 and lp["false_failovers"] == 0
+    assert all(d["vmhwm_mb"] > 0 for d in lp["daemons"])
