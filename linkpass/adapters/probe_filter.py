@@ -13,6 +13,7 @@ yet).
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import deque
 from collections.abc import Callable
@@ -35,6 +36,7 @@ class ProbeFilter:
         self.cfg = cfg
         self.post = post
         self.last_ok: dict[tuple[int, str], bool] = {}
+        self.last_ok_ns: dict[tuple[int, str], int] = {}
         self.window: dict[int, deque] = {}
         self.lost: dict[int, int] = {}
         self.last_report: dict[int, float] = {}
@@ -54,13 +56,18 @@ class ProbeFilter:
         answered_before = prev is not None or ev.ok
         if ev.ok:
             self.last_ok[key] = True
+            self.last_ok_ns[key] = ev.t_ns
         elif prev is None:
             self.last_ok.pop(key, None)  # never answered: not a path yet
         else:
             self.last_ok[key] = False
         if prev is None and not ev.ok:
             self.absorbed += 1  # a path that never answered: nothing for the engine to decide
-        elif not ev.ok or prev is not True:
+        elif not ev.ok:
+            t_ok = self.last_ok_ns.get(key)
+            self.post(dataclasses.replace(ev, since_ok_ns=None if t_ok is None else ev.t_ns - t_ok))
+            self.forwarded += 1
+        elif prev is not True:
             self.post(ev)
             self.forwarded += 1
         else:

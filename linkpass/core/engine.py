@@ -267,9 +267,9 @@ class Engine:
         key = (ev.rail, ev.peer)
         path = self.paths.get(key)
         if path is None:
-            path = self.paths[key] = PathHealth(ev.rail, ev.peer, pc.detect_multiplier)
+            path = self.paths[key] = PathHealth(ev.rail, ev.peer, pc.detect_multiplier, pc.interval_ms * 1_000_000)
         changed = False
-        t = path.on_result(ev.ok, now_ns, ev.rtt_ns)
+        t = path.on_result(ev.ok, now_ns, ev.rtt_ns, ev.since_ok_ns)
         if t:
             self._record("path", now_ns, {"rail": ev.rail, "peer": ev.peer, "old": t[0].value, "new": t[1].value, "event_t_ns": ev.t_ns})
             changed = t[0] == PathState.DOWN or t[1] == PathState.DOWN

@@ -140,6 +140,8 @@ class ProbeResult:
         rtt_ns: round-trip time (ok only).
         seq: the probe's sequence number.
         t_ns: when the reply arrived / the deadline passed.
+        since_ok_ns: for a miss, time since the last reply on this path (None if unknown); lets
+            the engine apply BFD's time-based rule without seeing every success.
     """
 
     rail: int
@@ -148,6 +150,7 @@ class ProbeResult:
     t_ns: int
     rtt_ns: int | None = None
     seq: int = 0
+    since_ok_ns: int | None = None
 
 
 @dataclass(frozen=True)

@@ -45,9 +45,10 @@ class PathHealth:
         detect_multiplier: consecutive misses that make the path DOWN (>= 1).
     """
 
-    def __init__(self, rail: int, peer: str, detect_multiplier: int):
+    def __init__(self, rail: int, peer: str, detect_multiplier: int, interval_ns: int = 0):
         self.rail, self.peer = rail, peer
         self.detect_multiplier = max(1, detect_multiplier)
+        self.interval_ns = interval_ns
         self.state = PathState.UNKNOWN
         self.misses = 0
         self.since_ns = 0
@@ -63,8 +64,13 @@ class PathHealth:
         log.info("path rail %d -> %s: %s -> %s (%s)", self.rail, self.peer, old.value, new.value, reason)
         return old, new
 
-    def on_result(self, ok: bool, now_ns: int, rtt_ns: int | None = None) -> tuple[PathState, PathState] | None:
-        """Apply one probe result; returns (old, new) when the state changed."""
+    def on_result(self, ok: bool, now_ns: int, rtt_ns: int | None = None,
+                  since_ok_ns: int | None = None) -> tuple[PathState, PathState] | None:
+        """Apply one probe result; returns (old, new) when the state changed.
+
+        DOWN after ``detect_multiplier`` misses in a row, or, as BFD does, once no reply came
+        for ``detect_multiplier x interval`` (``since_ok_ns``), whichever is first.
+        """
         if ok:
             self.misses = 0
             self.last_rtt_ns = rtt_ns
@@ -74,6 +80,10 @@ class PathHealth:
             return None  # never answered yet (peer's prober not up): not a failure, like a BFD session not yet Up
         if self.misses >= self.detect_multiplier:
             return self._set(PathState.DOWN, now_ns, f"{self.misses} probes in a row unanswered")
+        if (since_ok_ns is not None and self.interval_ns > 0 and self.misses >= 2
+                and since_ok_ns >= self.detect_multiplier * self.interval_ns):
+            return self._set(PathState.DOWN, now_ns, f"no reply for {since_ok_ns / 1e6:.1f} ms "
+                                                     f"(>= {self.detect_multiplier} x {self.interval_ns / 1e6:g} ms)")
         if self.state != PathState.DOWN:
             return self._set(PathState.SUSPECT, now_ns, f"{self.misses} probe(s) unanswered")
         return None

@@ -134,3 +134,18 @@ def test_never_answered_or_dead_peer_fails_no_rail():
         probe(e, t, 1, "h1", False)
     assert e.paths[(0, "h1")].state.value == "DOWN" and e.paths[(1, "h1")].state.value == "DOWN"
     assert e.rails[0].usable and e.rails[1].usable and not e.probe_failed
+
+
+def test_bfd_time_rule_declares_down_after_mult_x_interval_without_reply():
+    from linkpass.core.paths import PathHealth
+
+    p = PathHealth(0, "h1", 3, 10 * MS)
+    p.on_result(True, 0)
+    assert p.on_result(False, 20 * MS, since_ok_ns=20 * MS)[1].value == "SUSPECT"
+    t = p.on_result(False, 30 * MS, since_ok_ns=30 * MS)  # 2 misses but 30 ms without a reply
+    assert t is not None and t[1].value == "DOWN"
+    q = PathHealth(0, "h1", 3, 10 * MS)
+    q.on_result(True, 0)
+    q.on_result(False, 20 * MS, since_ok_ns=15 * MS)
+    assert q.on_result(False, 28 * MS, since_ok_ns=25 * MS) is None  # not yet 30 ms: still SUSPECT
+    assert q.state.value == "SUSPECT"
