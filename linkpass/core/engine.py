@@ -308,8 +308,12 @@ class Engine:
         self.loss[ev.rail] = (ev.loss, ev.samples)
         if ev.samples < 20:
             return []
-        deg = ev.loss > self.cfg.probe.degraded_loss
-        if deg == (ev.rail in self.degraded):
+        # hysteresis: DEGRADED above degraded_loss, clean again only below half of it, so a
+        # rail hovering at the threshold does not move traffic back and forth
+        was = ev.rail in self.degraded
+        limit = self.cfg.probe.degraded_loss
+        deg = ev.loss > limit if not was else ev.loss >= limit / 2
+        if deg == was:
             return []
         (self.degraded.add if deg else self.degraded.discard)(ev.rail)
         self._record("degraded" if deg else "recovered", now_ns, {"rail": ev.rail, "loss": round(ev.loss, 4), "samples": ev.samples})

@@ -87,6 +87,8 @@ def test_loss_over_the_window_marks_the_rail_degraded_and_traffic_avoids_it():
     assert rails_to(acts, h1_ip) == [1]
     st = e.status(t)
     assert st["rails"][0]["degraded"] is True and st["rails"][0]["probe_loss"] == 0.25
+    assert e.handle(ProbeLoss(0, 0.08, 200, t + 1000 * MS), t + 1000 * MS) == []  # hysteresis: still degraded
+    assert 0 in e.degraded
     acts = e.handle(ProbeLoss(0, 0.01, 200, t + 2000 * MS), t + 2000 * MS)
     assert 0 not in e.degraded and rails_to(acts, h1_ip) == [0, 1]
 
