@@ -11,6 +11,7 @@ import json
 import os
 import platform
 import re
+import sys
 import signal
 import tempfile
 from pathlib import Path
@@ -185,6 +186,25 @@ class BenchCluster(Cluster):
                 if _LOG_PROBLEM.search(line):
                     out.append(f"{path.name}: {line}")
         return out[:limit] + ([f"... {len(out) - limit} more"] if len(out) > limit else [])
+
+
+def run_and_report(prog: str, run, print_report, args) -> int:
+    """The common end of every benchmark's main(): run it (SIGTERM and Ctrl-C tear down), print
+    the report, write the JSON.  Returns the exit status: 0, 1 on BenchError, 130 interrupted."""
+    install_sigterm()
+    try:
+        r = run(args)
+    except BenchError as e:
+        print(f"{prog}: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted; torn down", file=sys.stderr)
+        return 130
+    print_report(r)
+    if args.json:
+        write_json(args.json, r)
+        print(f"wrote {args.json}")
+    return 0
 
 
 def install_sigterm() -> None:

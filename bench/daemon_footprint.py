@@ -25,7 +25,7 @@ import os
 import sys
 import time
 
-from _cluster import TARGETS, BenchCluster, BenchError, install_sigterm, machine_info, proc_cpu, proc_mem, write_json
+from _cluster import TARGETS, BenchCluster, machine_info, proc_cpu, proc_mem, run_and_report
 
 SCHEMA = "linkpass.bench.daemon_footprint/v1"
 
@@ -150,20 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.hosts < 2 or args.rails < 1 or args.idle_s <= 0:
         print("daemon_footprint: need --hosts >= 2, --rails >= 1, --idle-s > 0", file=sys.stderr)
         return 2
-    install_sigterm()
-    try:
-        r = measure(args)
-    except BenchError as e:
-        print(f"daemon_footprint: {e}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("daemon_footprint: interrupted; torn down", file=sys.stderr)
-        return 130
-    print_report(r)
-    if args.json:
-        write_json(args.json, r)
-        print(f"wrote {args.json}")
-    return 0
+    return run_and_report("daemon_footprint", measure, print_report, args)
 
 
 if __name__ == "__main__":

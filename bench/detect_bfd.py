@@ -55,12 +55,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _cluster import (
     BenchCluster,
     BenchError,
-    install_sigterm,
+    run_and_report,
     machine_info,
     proc_cpu,
     proc_mem,
     summary,
-    write_json,
 )
 
 from linkpass import fabric as fab
@@ -530,20 +529,7 @@ def main(argv: list[str] | None = None, args: argparse.Namespace | None = None) 
     if args.hosts < 2 or args.rails < 2 or args.trials < 1:
         print("detect_bfd: need --hosts >= 2, --rails >= 2, --trials >= 1", file=sys.stderr)
         return 2
-    install_sigterm()
-    try:
-        r = run(args)
-    except BenchError as e:
-        print(f"detect_bfd: {e}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("detect_bfd: interrupted; torn down", file=sys.stderr)
-        return 130
-    print_report(r)
-    if args.json:
-        write_json(args.json, r)
-        print(f"wrote {args.json}")
-    return 0
+    return run_and_report("detect_bfd", run, print_report, args)
 
 
 if __name__ == "__main__":

@@ -46,13 +46,11 @@ from pathlib import Path
 from _cluster import (
     TARGETS,
     BenchCluster,
-    BenchError,
-    install_sigterm,
+    run_and_report,
     machine_info,
     proc_cpu,
     proc_mem,
     summary,
-    write_json,
 )
 
 from linkpass import fabric as fab
@@ -434,20 +432,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.hosts < 2 or args.rails < 2 or args.cuts < 1 or not args.modes:
         print("detect_reroute: need --hosts >= 2, --rails >= 2 (a rail to fail over to), --cuts >= 1, a mode", file=sys.stderr)
         return 2
-    install_sigterm()
-    try:
-        r = run(args)
-    except BenchError as e:
-        print(f"detect_reroute: {e}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("detect_reroute: interrupted; torn down", file=sys.stderr)
-        return 130
-    print_report(r)
-    if args.json:
-        write_json(args.json, r)
-        print(f"wrote {args.json}")
-    return 0
+    return run_and_report("detect_reroute", run, print_report, args)
 
 
 if __name__ == "__main__":
