@@ -63,6 +63,7 @@ from _cluster import (
 )
 
 from linkpass import fabric as fab
+from linkpass.benchcmd import add_detect_options
 
 SCHEMA = "linkpass.bench.detect_bfd/v1"
 BFDD_CANDIDATES = ("/usr/lib/frr/bfdd", "/usr/sbin/bfdd", "/usr/local/sbin/bfdd")
@@ -499,19 +500,7 @@ def print_report(r: dict) -> None:
 
 def build_parser(ap: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
     ap = ap or argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--mode", default="blackhole", help="admin-down | carrier-loss | blackhole | loss:PCT | flap:MS:N (default blackhole)")
-    ap.add_argument("--trials", type=int, default=10, help="cuts (default 10)")
-    ap.add_argument("--hosts", type=int, default=2)
-    ap.add_argument("--rails", type=int, default=2)
-    ap.add_argument("--interval-ms", type=int, default=10, help="probe / BFD interval (default 10)")
-    ap.add_argument("--multiplier", type=int, default=3, help="detect multiplier (default 3)")
-    ap.add_argument("--hold-down-ms", type=int, default=200)
-    ap.add_argument("--timeout-s", type=float, default=3.0, help="a cut not detected in this time is a miss (default 3)")
-    ap.add_argument("--bfd-poll-ms", type=float, default=2.0, help="bfdd vty poll period during a cut (default 2)")
-    ap.add_argument("--settle-ms", type=float, default=300.0, help="quiet time between trials (default 300)")
-    ap.add_argument("--no-bfd", action="store_true", help="linkpass only (no frr install, no bfdd)")
-    ap.add_argument("--name", default="bnbfd", help="fabric name (default bnbfd)")
-    ap.add_argument("--json", metavar="FILE", help="write the figures as JSON here")
+    add_detect_options(ap)
     return ap
 
 

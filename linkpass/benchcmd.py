@@ -42,21 +42,26 @@ def cmd_detect(args) -> int:
     return mod.main(args=args)
 
 
+def add_detect_options(ap) -> None:
+    """The options of ``bench detect`` (shared with bench/detect_bfd.py's own parser)."""
+    ap.add_argument("--mode", default="blackhole", help="admin-down | carrier-loss | blackhole | loss:PCT | flap:MS:N (default blackhole)")
+    ap.add_argument("--trials", type=int, default=10, help="cuts (default 10)")
+    ap.add_argument("--hosts", type=int, default=2)
+    ap.add_argument("--rails", type=int, default=2)
+    ap.add_argument("--interval-ms", type=int, default=10, help="probe / BFD interval (default 10)")
+    ap.add_argument("--multiplier", type=int, default=3, help="detect multiplier (default 3)")
+    ap.add_argument("--hold-down-ms", type=int, default=200)
+    ap.add_argument("--timeout-s", type=float, default=3.0, help="a cut not detected in this time is a miss (default 3)")
+    ap.add_argument("--bfd-poll-ms", type=float, default=2.0, help="bfdd vty poll period during a cut (default 2)")
+    ap.add_argument("--settle-ms", type=float, default=300.0, help="quiet time between trials (default 300)")
+    ap.add_argument("--no-bfd", action="store_true", help="linkpass only (no frr install, no bfdd)")
+    ap.add_argument("--name", default="bnbfd", help="fabric name (default bnbfd)")
+    ap.add_argument("--json", metavar="FILE", help="write the figures as JSON here")
+
+
 def register(subparsers) -> None:
     b = subparsers.add_parser("bench", help="benchmarks on the emulated fabric (needs the source tree and root)")
     bs = b.add_subparsers(dest="bench_cmd", required=True)
     d = bs.add_parser("detect", help="detection/reroute latency under cuts, side by side with FRR bfdd")
-    d.add_argument("--mode", default="blackhole", help="admin-down | carrier-loss | blackhole | loss:PCT | flap:MS:N (default blackhole)")
-    d.add_argument("--trials", type=int, default=10, help="cuts (default 10)")
-    d.add_argument("--hosts", type=int, default=2)
-    d.add_argument("--rails", type=int, default=2)
-    d.add_argument("--interval-ms", type=int, default=10, help="probe / BFD interval (default 10)")
-    d.add_argument("--multiplier", type=int, default=3, help="detect multiplier (default 3)")
-    d.add_argument("--hold-down-ms", type=int, default=200)
-    d.add_argument("--timeout-s", type=float, default=3.0, help="a cut not detected in this time is a miss (default 3)")
-    d.add_argument("--bfd-poll-ms", type=float, default=2.0, help="bfdd vty poll period during a cut (default 2)")
-    d.add_argument("--settle-ms", type=float, default=300.0, help="quiet time between trials (default 300)")
-    d.add_argument("--no-bfd", action="store_true", help="linkpass only (no frr install, no bfdd)")
-    d.add_argument("--name", default="bnbfd", help="fabric name (default bnbfd)")
-    d.add_argument("--json", metavar="FILE", help="write the figures as JSON here")
+    add_detect_options(d)
     d.set_defaults(func=cmd_detect)
