@@ -22,20 +22,19 @@ old numbers unless its clock moved back.
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import struct
 from dataclasses import dataclass
 
+from linkpass.core.wire import MAC_LEN, WireError, open_sealed, seal
+
 MAGIC = b"LPN1"
-MAC_LEN = 32
 MAX_NAME = 64
 MAX_RAILS = 64
 MAX_LEN = 4 + 1 + 1 + MAX_NAME + 8 + 8 + 1 + 3 * MAX_RAILS + MAC_LEN
 MIN_LEN = 4 + 1 + 1 + 1 + 8 + 8 + 1 + MAC_LEN
 
 
-class NoticeError(ValueError):
+class NoticeError(WireError):
     """A notice was rejected.
 
     ``kind`` is ``malformed``, ``oversized``, ``auth``, ``replay`` (seq below the last one
@@ -43,9 +42,6 @@ class NoticeError(ValueError):
     over every usable rail, so this is normal).
     """
 
-    def __init__(self, kind: str, msg: str):
-        super().__init__(msg)
-        self.kind = kind
 
 
 @dataclass(frozen=True)
@@ -84,8 +80,7 @@ def encode(notice: Notice, key: bytes) -> bytes:
     body += struct.pack("!QQB", notice.seq, notice.generation, len(notice.rails))
     for rid in sorted(notice.rails):
         body += struct.pack("!HB", rid, 1 if notice.rails[rid] else 0)
-    body += hmac.new(key, bytes(body), hashlib.sha256).digest()
-    return bytes(body)
+    return seal(bytes(body), key)
 
 
 def decode(data: bytes, key: bytes) -> Notice:
@@ -95,16 +90,7 @@ def decode(data: bytes, key: bytes) -> Notice:
         NoticeError: ``oversized`` (longer than any valid notice), ``malformed`` (too short,
             bad magic, inconsistent lengths) or ``auth`` (MAC mismatch).
     """
-    n = len(data)
-    if n > MAX_LEN:
-        raise NoticeError("oversized", f"notice of {n} bytes exceeds {MAX_LEN}")
-    if n < MIN_LEN:
-        raise NoticeError("malformed", f"notice of {n} bytes is shorter than the minimum {MIN_LEN}")
-    if data[:4] != MAGIC:
-        raise NoticeError("malformed", "bad magic")
-    body, mac = data[:-MAC_LEN], data[-MAC_LEN:]
-    if not hmac.compare_digest(mac, hmac.new(key, body, hashlib.sha256).digest()):
-        raise NoticeError("auth", "HMAC does not match (wrong key or forged notice)")
+    body = open_sealed(data, key, magic=MAGIC, min_len=MIN_LEN, max_len=MAX_LEN, what="notice", error=NoticeError)
     flags, name_len = body[4], body[5]
     if flags != 0:
         raise NoticeError("malformed", f"unknown flags {flags:#x}")

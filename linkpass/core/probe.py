@@ -31,18 +31,17 @@ Nothing here reads a clock: every time is an ``int`` of monotonic nanoseconds pa
 
 from __future__ import annotations
 
-import hashlib
 import heapq
-import hmac
 import struct
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from linkpass.core.wire import MAC_LEN, WireError, open_sealed, seal
+
 MAGIC = b"LPP1"
 REQUEST = 1
 REPLY = 2
-MAC_LEN = 32
 MAX_NAME = 64
 _TAIL = struct.Struct("!HQQ")  # rail, seq, ts
 MAX_LEN = 4 + 1 + 1 + MAX_NAME + 1 + MAX_NAME + _TAIL.size + MAC_LEN
@@ -52,7 +51,7 @@ MIN_LEN = 4 + 1 + 1 + 1 + 1 + 1 + _TAIL.size + MAC_LEN
 KINDS = ("malformed", "oversized", "auth", "misaddressed", "unexpected", "replay", "late")
 
 
-class ProbeError(ValueError):
+class ProbeError(WireError):
     """A probe datagram was rejected.
 
     ``kind`` is one of:
@@ -67,9 +66,6 @@ class ProbeError(ValueError):
     - ``late``: a reply that arrived at or after its probe's deadline.
     """
 
-    def __init__(self, kind: str, msg: str):
-        super().__init__(msg)
-        self.kind = kind
 
 
 @dataclass(frozen=True)
@@ -86,10 +82,6 @@ class Probe:
     def reply(self) -> Probe:
         """The reply to this request: sender/target swapped, everything else echoed."""
         return Probe(REPLY, self.target, self.sender, self.rail, self.seq, self.ts_ns)
-
-
-def _mac(key: bytes, body: bytes) -> bytes:
-    return hmac.digest(key, body, hashlib.sha256)
 
 
 def encode(p: Probe, key: bytes) -> bytes:
@@ -112,7 +104,7 @@ def encode(p: Probe, key: bytes) -> bytes:
             raise ValueError(f"{what} {v} does not fit an unsigned 64-bit field")
     body = b"".join((MAGIC, bytes((p.type, len(sender))), sender, bytes((len(target),)), target,
                      _TAIL.pack(p.rail, p.seq, p.ts_ns)))
-    return body + _mac(key, body)
+    return seal(body, key)
 
 
 def decode(data: bytes, key: bytes) -> Probe:
@@ -122,16 +114,7 @@ def decode(data: bytes, key: bytes) -> Probe:
         ProbeError: ``oversized``, ``malformed`` or ``auth``; the MAC is checked (constant
             time) before any field after the magic is trusted.
     """
-    n = len(data)
-    if n > MAX_LEN:
-        raise ProbeError("oversized", f"probe of {n} bytes exceeds {MAX_LEN}")
-    if n < MIN_LEN:
-        raise ProbeError("malformed", f"probe of {n} bytes is shorter than the minimum {MIN_LEN}")
-    if data[:4] != MAGIC:
-        raise ProbeError("malformed", "bad magic")
-    body, mac = bytes(data[:-MAC_LEN]), data[-MAC_LEN:]
-    if not hmac.compare_digest(mac, _mac(key, body)):
-        raise ProbeError("auth", "HMAC does not match (wrong key or forged probe)")
+    body = open_sealed(data, key, magic=MAGIC, min_len=MIN_LEN, max_len=MAX_LEN, what="probe", error=ProbeError)
     ptype, slen = body[4], body[5]
     if ptype not in (REQUEST, REPLY):
         raise ProbeError("malformed", f"unknown probe type {ptype}")
