@@ -63,10 +63,11 @@ class NoticeService:
         self._state: SendNotice | None = None
         self._send_socks: dict[int, socket.socket] = {}
         self._transport = None
-        self._rail_of_addr: dict[str, int] = {}
+        self._index(cfg)
 
     def reconfigure(self, cfg: Config, key: bytes) -> None:
         self.cfg, self.key = cfg, key
+        self._index(cfg)
         for s in self._send_socks.values():
             s.close()
         self._send_socks = {}
@@ -89,7 +90,7 @@ class NoticeService:
         t = time.monotonic_ns()
         try:
             n = wire.decode(data, self.key)
-            if n.sender not in {p.name for p in self.cfg.peers}:
+            if n.sender not in self._peer_names:
                 raise wire.NoticeError("unknown_peer", f"sender {n.sender!r} is not a configured peer")
             self.guard.check(n)
         except wire.NoticeError as e:
@@ -105,12 +106,12 @@ class NoticeService:
         self.counters["accepted"] += 1
         self.post(PeerRails(n.sender, n.usable, n.generation, n.seq, t, self._rail_for_source(addr[0])))
 
+    def _index(self, cfg: Config) -> None:
+        self._peer_names = frozenset(p.name for p in cfg.peers)
+        self._rail_of_addr = {str(a): rid for p in cfg.peers for rid, a in p.rail_ips.items()}
+
     def _rail_for_source(self, ip: str) -> int | None:
-        for p in self.cfg.peers:
-            for rid, a in p.rail_ips.items():
-                if str(a) == ip:
-                    return rid
-        return None
+        return self._rail_of_addr.get(ip)
 
     # ---------------------------------------------------------------- send
 

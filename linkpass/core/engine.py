@@ -109,7 +109,7 @@ class Engine:
                 same = old is not None and old.to_json(0).get("limits") == FlapDamper.from_section(cfg.damping, rail=r.id).to_json(0).get("limits")
                 dampers[r.id] = old if same else FlapDamper.from_section(cfg.damping, rail=r.id)
         self.dampers = dampers
-        names = {p.name for p in cfg.peers}
+        names = self._peer_names = frozenset(p.name for p in cfg.peers)
         self.peer_usable = {k: v for k, v in self.peer_usable.items() if k in names}
         self._netdev_rail = {r.netdev: r.id for r in cfg.rails}
         self._dsts = all_destinations(cfg)
@@ -223,7 +223,7 @@ class Engine:
         return self._replan(now_ns, "drain" if ev.drain else "undrain")
 
     def _on_peer(self, ev: PeerRails, now_ns: int) -> list[Action]:
-        if ev.peer not in {p.name for p in self.cfg.peers}:
+        if ev.peer not in self._peer_names:
             return []
         self.peer_last_ns[ev.peer] = now_ns
         self.peer_generation[ev.peer] = ev.generation
@@ -259,7 +259,7 @@ class Engine:
     def _on_probe(self, ev: ProbeResult, now_ns: int) -> list[Action]:
         """A probe result: path state, the rail's probe verdict and loss window.  Replans only
         when one of them changes (results arrive hundreds of times a second)."""
-        if ev.rail not in self.rails or ev.peer not in {p.name for p in self.cfg.peers}:
+        if ev.rail not in self.rails or ev.peer not in self._peer_names:
             return []
         pc = self.cfg.probe
         if not ev.ok and ev.t_ns - pc.interval_ms * 1_000_000 < self._link_up_ns.get(ev.rail, -1):
