@@ -32,7 +32,6 @@ from linkpass.adapters.routes import RouteActuator
 from linkpass.config import Config, ConfigError, load_config, read_key_file
 from linkpass.core.engine import Engine
 from linkpass.core.model import ApplyRoutes, LinkChanged, RefreshNeighbors, SendNotice, SetTimer, Tick
-from linkpass.core.planner import all_destinations
 
 log = logging.getLogger("linkpass.daemon")
 
@@ -116,7 +115,7 @@ class Daemon:
         return res.config
 
     def _route_filter(self, dst: str, proto: int) -> bool:
-        return proto == self.cfg.daemon.route_protocol or dst in all_destinations(self.cfg)
+        return proto == self.cfg.daemon.route_protocol or dst in self.engine.destinations
 
     # ------------------------------------------------------------------ actions
 

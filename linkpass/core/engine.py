@@ -365,6 +365,11 @@ class Engine:
     def _record(self, kind: str, t_ns: int, data: dict) -> None:
         self.history.append(HistoryEntry(kind, t_ns, data))
 
+    @property
+    def destinations(self) -> frozenset[str]:
+        """Every prefix this config may route (to pick the route events that concern us)."""
+        return self._dsts
+
     def local_usable(self) -> frozenset[int]:
         """Ids of our rails that may carry traffic now."""
         return frozenset(rid for rid, h in self.rails.items() if h.usable)
