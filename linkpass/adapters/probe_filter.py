@@ -8,7 +8,8 @@ of each rail over ``loss_window_ms``.  This filter forwards exactly those and po
 :class:`ProbeLoss` per rail at most every ``REPORT_S`` seconds (and at once when a rail's ratio
 crosses the DEGRADED threshold), so the engine sees tens of events a second instead of thousands.
 Paths that have never answered are left out of the loss ratio (their peer may not run a prober
-yet).
+yet), and so are dead paths (2 x detect_multiplier misses in a row, until they answer again): a
+dead peer is a path problem, not loss on the rail.
 """
 
 from __future__ import annotations
@@ -37,8 +38,11 @@ class ProbeFilter:
         self.post = post
         self.last_ok: dict[tuple[int, str], bool] = {}
         self.last_ok_ns: dict[tuple[int, str], int] = {}
-        self.window: dict[int, deque] = {}
-        self.lost: dict[int, int] = {}
+        self.path_window: dict[tuple[int, str], deque] = {}  # path -> (t_ns, ok) in the loss window
+        self.path_lost: dict[tuple[int, str], int] = {}
+        self.streak: dict[tuple[int, str], int] = {}  # path -> misses in a row
+        self.rail_n: dict[int, int] = {}  # per rail, over its live paths: probes in the window
+        self.rail_lost: dict[int, int] = {}  # ... and of those, lost
         self.last_report: dict[int, float] = {}
         self.last_side: dict[int, bool] = {}
         self.forwarded = 0
@@ -46,6 +50,9 @@ class ProbeFilter:
 
     def reconfigure(self, cfg: Config) -> None:
         self.cfg = cfg
+
+    def _dead_streak(self) -> int:
+        return 2 * self.cfg.probe.detect_multiplier
 
     def __call__(self, ev: Event) -> None:
         if not isinstance(ev, ProbeResult):
@@ -73,22 +80,44 @@ class ProbeFilter:
         else:
             self.absorbed += 1
         if answered_before:
-            self._account(ev)
+            self._account(key, ev)
 
-    def _account(self, ev: ProbeResult) -> None:
-        win = self.window.setdefault(ev.rail, deque())
+    def _live(self, key: tuple[int, str]) -> bool:
+        return self.streak.get(key, 0) < self._dead_streak()
+
+    def _account(self, key: tuple[int, str], ev: ProbeResult) -> None:
+        """Loss window: per path, and per rail summed over its *live* paths only.  A path whose
+        misses in a row reach 2 x detect_multiplier is dead (a blackholed or dead peer): that is
+        the path/rail verdict's business, and counting it would mark the whole rail DEGRADED
+        for one dead peer.  It counts again from its next answer."""
+        rail = ev.rail
+        was_live = self._live(key)
+        self.streak[key] = 0 if ev.ok else self.streak.get(key, 0) + 1
+        win = self.path_window.setdefault(key, deque())
         win.append((ev.t_ns, ev.ok))
-        if not ev.ok:
-            self.lost[ev.rail] = self.lost.get(ev.rail, 0) + 1
+        lost = self.path_lost.get(key, 0) + (0 if ev.ok else 1)
         horizon = ev.t_ns - self.cfg.probe.loss_window_ms * 1_000_000
+        gone = gone_lost = 0
         while win and win[0][0] < horizon:
             _, ok = win.popleft()
+            gone += 1
             if not ok:
-                self.lost[ev.rail] -= 1
-        ratio = self.lost.get(ev.rail, 0) / len(win)
+                gone_lost += 1
+        lost -= gone_lost
+        old_n, old_lost = len(win) + gone - 1, self.path_lost.get(key, 0)
+        self.path_lost[key] = lost
+        is_live = self._live(key)
+        if was_live:  # take the path's old contribution out of the rail's totals
+            self.rail_n[rail] = self.rail_n.get(rail, 0) - old_n
+            self.rail_lost[rail] = self.rail_lost.get(rail, 0) - old_lost
+        if is_live:
+            self.rail_n[rail] = self.rail_n.get(rail, 0) + len(win)
+            self.rail_lost[rail] = self.rail_lost.get(rail, 0) + lost
+        n = self.rail_n.get(rail, 0)
+        ratio = self.rail_lost.get(rail, 0) / n if n else 0.0
         side = ratio > self.cfg.probe.degraded_loss
         now = time.monotonic()
-        if side != self.last_side.get(ev.rail, False) or now - self.last_report.get(ev.rail, 0.0) >= REPORT_S:
-            self.last_side[ev.rail] = side
-            self.last_report[ev.rail] = now
-            self.post(ProbeLoss(ev.rail, ratio, len(win), ev.t_ns))
+        if side != self.last_side.get(rail, False) or now - self.last_report.get(rail, 0.0) >= REPORT_S:
+            self.last_side[rail] = side
+            self.last_report[rail] = now
+            self.post(ProbeLoss(rail, ratio, n, ev.t_ns))

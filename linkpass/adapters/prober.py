@@ -14,6 +14,10 @@ does not apply to it); replies come back to the same socket.  Which paths are pr
 round-robin every ``slow_interval_ms``, at most ``max_pps`` probes per second (the slow sweep
 yields first).
 
+A fast path that answered before and then misses a probe gets a *confirm train*: a probe every
+interval / 5 until it answers or ``detect_multiplier x interval`` has passed since its last
+reply (:meth:`linkpass.core.probe.Schedule.confirm`; see :mod:`linkpass.core.paths` for why).
+
 Every probe has a deadline, ``interval_ms`` (fast) or ``slow_interval_ms`` (slow) after it was
 sent: an authenticated reply before it posts ``ProbeResult(ok=True, rtt_ns)``; when it passes,
 ``ProbeResult(ok=False)`` is posted.  A probe that could not be sent (no socket for the rail,
@@ -78,7 +82,7 @@ class Prober:
     Attributes:
         counters: ``sent``, ``send_errors``, ``replies`` (in time), ``timeouts`` (deadline
             passed), ``late``, ``answered`` (requests we replied to), ``answer_errors``, and
-            ``rejected_<kind>`` for each :class:`linkpass.core.probe.ProbeError` kind
+            ``confirm_trains`` (confirm trains started), ``rejected_<kind>`` for each :class:`linkpass.core.probe.ProbeError` kind
             (``auth``, ``malformed``, ``oversized``, ``misaddressed``, ``unexpected``, ``replay``);
             ``socket_errors`` (a rail socket or the responder could not be opened) and
             ``internal_errors`` (a tick failed; logged with its traceback).
@@ -94,6 +98,7 @@ class Prober:
         self.path_stats: dict[tuple[int, str], wire.PathStats] = {}
         self._seq = time.time_ns()  # a restarted prober never reuses a recent seq
         self._priority: list[str] = []
+        self._last_ok: dict[tuple[int, str], int] = {}  # path -> when its last reply came (ns)
         self.schedule = self._new_schedule(cfg, clock())
         self._sync_stats()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -115,6 +120,7 @@ class Prober:
     def _sync_stats(self) -> None:
         wanted = set(self.schedule.paths())
         self.path_stats = {k: self.path_stats.get(k) or wire.PathStats() for k in self.schedule.paths()}
+        self._last_ok = {k: v for k, v in self._last_ok.items() if k in wanted}
         self.guard.forget(wanted)
 
     def reconfigure(self, cfg: Config, key: bytes) -> None:
@@ -284,9 +290,17 @@ class Prober:
     def _expire(self, now: int) -> None:
         for p in self.guard.expire(now):
             self.counters["timeouts"] += 1
-            st = self.path_stats.get((p.rail, p.peer))
+            key = (p.rail, p.peer)
+            st = self.path_stats.get(key)
             if st is not None:
                 st.record(False)
+            last_ok = self._last_ok.get(key)
+            if p.fast and last_ok is not None:
+                # a fast path that answered before missed one: probe it densely until it
+                # answers or BFD's detection time (plus one step) has passed since its last reply
+                end = last_ok + self.cfg.probe.detect_multiplier * self.schedule.interval_ns + self.schedule.confirm_step_ns
+                if self.schedule.confirm(p.rail, p.peer, now, end):
+                    self.counters["confirm_trains"] += 1
             self.post(ProbeResult(p.rail, p.peer, False, now, None, p.seq))
 
     # ---------------------------------------------------------------- send
@@ -353,6 +367,8 @@ class Prober:
             return
         rtt = now - pend.sent_ns
         self.counters["replies"] += 1
+        self._last_ok[(pend.rail, pend.peer)] = now
+        self.schedule.settle(pend.rail, pend.peer)
         st = self.path_stats.get((pend.rail, pend.peer))
         if st is not None:
             st.record(True, rtt)

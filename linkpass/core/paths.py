@@ -1,8 +1,13 @@
 """Per-(rail, peer) path health from active probes.
 
-A path is ``SUSPECT`` after one missed probe and ``DOWN`` once ``detect_multiplier`` probes in a
-row went unanswered (BFD's detection rule, RFC 5880 section 6.8.4: detection time = detect
-multiplier x interval); one answered probe makes it ``UP`` again.  ``UNKNOWN`` until the first
+A path is ``SUSPECT`` after one missed probe and ``DOWN`` once both hold: ``detect_multiplier``
+probes in a row went unanswered, and no reply came for ``detect_multiplier x interval`` (BFD's
+detection time, RFC 5880 section 6.8.4: detect multiplier x interval).  The prober sends extra
+*confirm* probes on a path that missed one (every interval / 5), so under a blackhole the count
+is reached well before the time and DOWN comes within one confirm spacing of BFD's detection
+time; under random loss a path must lose every probe for the whole detection time (about six
+in a row instead of three), which keeps ordinary loss from failing paths.  One answered probe
+makes the path ``UP`` again.  ``UNKNOWN`` until the first
 answered probe: like a BFD session that never came Up, a path that never answered is not a
 failure (the peer's daemon may not run yet).  One transition table, checked in one setter; each change is logged once.
 """
@@ -68,8 +73,15 @@ class PathHealth:
                   since_ok_ns: int | None = None) -> tuple[PathState, PathState] | None:
         """Apply one probe result; returns (old, new) when the state changed.
 
-        DOWN after ``detect_multiplier`` misses in a row, or, as BFD does, once no reply came
-        for ``detect_multiplier x interval`` (``since_ok_ns``), whichever is first.
+        Args:
+            ok: the probe was answered in time.
+            now_ns: monotonic ns.
+            rtt_ns: round-trip time of an answered probe.
+            since_ok_ns: for a miss, ns since the last reply on this path (None: unknown, then
+                the count alone decides).
+
+        DOWN after ``detect_multiplier`` misses in a row once no reply came for
+        ``detect_multiplier x interval`` (both must hold).
         """
         if ok:
             self.misses = 0
@@ -78,12 +90,12 @@ class PathHealth:
         self.misses += 1
         if self.state == PathState.UNKNOWN:
             return None  # never answered yet (peer's prober not up): not a failure, like a BFD session not yet Up
-        if self.misses >= self.detect_multiplier:
-            return self._set(PathState.DOWN, now_ns, f"{self.misses} probes in a row unanswered")
-        if (since_ok_ns is not None and self.interval_ns > 0 and self.misses >= 2
-                and since_ok_ns >= self.detect_multiplier * self.interval_ns):
-            return self._set(PathState.DOWN, now_ns, f"no reply for {since_ok_ns / 1e6:.1f} ms "
-                                                     f"(>= {self.detect_multiplier} x {self.interval_ns / 1e6:g} ms)")
+        silent_long = since_ok_ns is None or self.interval_ns <= 0 or since_ok_ns >= self.detect_multiplier * self.interval_ns
+        if self.misses >= self.detect_multiplier and silent_long:
+            why = (f"{self.misses} probes in a row unanswered" if since_ok_ns is None else
+                   f"{self.misses} probes in a row unanswered, no reply for {since_ok_ns / 1e6:.1f} ms "
+                   f"(>= {self.detect_multiplier} x {self.interval_ns / 1e6:g} ms)")
+            return self._set(PathState.DOWN, now_ns, why)
         if self.state != PathState.DOWN:
             return self._set(PathState.SUSPECT, now_ns, f"{self.misses} probe(s) unanswered")
         return None

@@ -308,10 +308,16 @@ class Schedule:
        carry over), taken round-robin over every other path, so each slow path is probed once
        per ``slow_interval``.
 
+    Between ticks, a fast path that missed a probe can be given a *confirm train*
+    (:meth:`confirm`): one more probe every ``confirm_step_ns`` (interval / 5, at least 1 ms)
+    until a reply settles it (:meth:`settle`) or the train's end.  The extra probes give a
+    path under random loss more chances to answer within BFD's detection time, and give a
+    dead path its DOWN verdict within one step of that time rather than one interval.
+
     A token bucket (``max_pps`` per second, holding one tick's worth plus one) bounds the total:
     fast probes take tokens first (starting at a rotating offset, so an overloaded fast set
-    shares the budget); the slow sweep gets what is left and otherwise waits (its debt is
-    capped at one sweep).
+    shares the budget), then confirm probes; the slow sweep gets what is left and otherwise
+    waits (its debt is capped at one sweep).
 
     Args:
         paths: rail id -> the peers that have an address on that rail, in config order.
@@ -335,6 +341,7 @@ class Schedule:
         self._fast_rot = 0
         self._slow_cursor = 0
         self._slow_debt = 0.0
+        self._confirm: dict[tuple[int, str], list[int]] = {}  # path -> [next send ns, end ns]
         self._arrange(now_ns)
 
     # ------------------------------------------------------------ configuration
@@ -370,6 +377,8 @@ class Schedule:
         tick_s = self.tick_ns / 1e9
         self._bucket = TokenBucket(self.max_pps, max(1.0, self.max_pps * tick_s) + 1.0, now_ns)
         self._slow_debt = min(self._slow_debt, float(len(slow)))
+        self.confirm_step_ns = max(self.MIN_TICK_NS, self.interval_ns // 5)
+        self._confirm = {k: v for k, v in self._confirm.items() if k in self._fast_set}
 
     def set_paths(self, paths: Mapping[int, Sequence[str]], now_ns: int) -> None:
         """Replace the paths (config reload); the fast/slow sets are recomputed."""
@@ -396,14 +405,66 @@ class Schedule:
 
     # ------------------------------------------------------------ running
 
+    def confirm(self, rail: int, peer: str, now_ns: int, until_ns: int) -> bool:
+        """Start (or extend) a confirm train on a fast path: a probe at ``now_ns`` and every
+        ``confirm_step_ns`` after it, while before ``until_ns``.  Returns False (and does
+        nothing) for a path that is not in the fast set."""
+        key = (rail, peer)
+        if key not in self._fast_set or until_ns <= now_ns:
+            return False
+        cur = self._confirm.get(key)
+        if cur is None:
+            self._confirm[key] = [now_ns, until_ns]
+        else:
+            cur[1] = max(cur[1], until_ns)
+        return True
+
+    def settle(self, rail: int, peer: str) -> None:
+        """End the confirm train of a path (it answered)."""
+        self._confirm.pop((rail, peer), None)
+
+    def confirming(self) -> list[tuple[int, str]]:
+        """The paths with a confirm train running."""
+        return sorted(self._confirm)
+
     @property
     def next_tick_ns(self) -> int:
-        return self._next_tick
+        """When :meth:`poll` next has something to send (the next tick or confirm probe)."""
+        if not self._confirm:
+            return self._next_tick
+        return min(self._next_tick, min(v[0] for v in self._confirm.values()))
 
     def poll(self, now_ns: int) -> list[Send]:
-        """The probes to send now (empty before the next tick); advances to the next tick."""
-        if now_ns < self._next_tick:
-            return []
+        """The probes to send now (empty before the next tick or confirm probe); advances."""
+        out: list[Send] = []
+        if now_ns >= self._next_tick:
+            out = self._tick(now_ns)
+        if self._confirm:
+            out += self._poll_confirm(now_ns, {(x.rail, x.peer) for x in out})
+        return out
+
+    def _poll_confirm(self, now_ns: int, just_sent: set[tuple[int, str]]) -> list[Send]:
+        out: list[Send] = []
+        b = self._bucket
+        b.refill(now_ns)
+        step = self.confirm_step_ns
+        for key in sorted(self._confirm):
+            train = self._confirm[key]
+            if key in just_sent:  # the tick just probed it: the train goes on one step later
+                train[0] = now_ns + step
+            elif train[0] > now_ns:
+                continue
+            else:
+                # no token left (the bucket bounds the rate): skip this one; the train goes on
+                # one step later either way (never a burst after a stalled loop)
+                if b.take():
+                    out.append(Send(key[0], key[1], True, self.interval_ns))
+                train[0] = now_ns + step
+            if train[0] >= train[1]:
+                del self._confirm[key]
+        return out
+
+    def _tick(self, now_ns: int) -> list[Send]:
         tick = self.tick_ns
         # stay on the grid; if far behind (a stalled loop), restart it from now
         self._next_tick += tick

@@ -138,16 +138,48 @@ def test_never_answered_or_dead_peer_fails_no_rail():
     assert e.rails[0].usable and e.rails[1].usable and not e.probe_failed
 
 
-def test_bfd_time_rule_declares_down_after_mult_x_interval_without_reply():
+def test_down_needs_both_the_count_and_bfd_detection_time():
     from linkpass.core.paths import PathHealth
 
     p = PathHealth(0, "h1", 3, 10 * MS)
     p.on_result(True, 0)
     assert p.on_result(False, 20 * MS, since_ok_ns=20 * MS)[1].value == "SUSPECT"
-    t = p.on_result(False, 30 * MS, since_ok_ns=30 * MS)  # 2 misses but 30 ms without a reply
+    assert p.on_result(False, 30 * MS, since_ok_ns=30 * MS) is None  # 30 ms silent but only 2 misses
+    t = p.on_result(False, 31 * MS, since_ok_ns=31 * MS)
     assert t is not None and t[1].value == "DOWN"
+    # confirm probes: many misses in a row but not yet 30 ms without a reply -> still SUSPECT
     q = PathHealth(0, "h1", 3, 10 * MS)
     q.on_result(True, 0)
-    q.on_result(False, 20 * MS, since_ok_ns=15 * MS)
-    assert q.on_result(False, 28 * MS, since_ok_ns=25 * MS) is None  # not yet 30 ms: still SUSPECT
-    assert q.state.value == "SUSPECT"
+    for i, since in enumerate((20, 22, 24, 26, 28, 29.9)):
+        assert (q.on_result(False, int(since * MS), since_ok_ns=int(since * MS)) or (None, None))[1] in (None, q.state) \
+            and q.state.value == "SUSPECT"
+    assert q.on_result(False, 32 * MS, since_ok_ns=32 * MS)[1].value == "DOWN"
+    # without a known last reply the count alone decides (slow paths, restarted filters)
+    r = PathHealth(0, "h1", 3, 10 * MS)
+    r.on_result(True, 0)
+    r.on_result(False, 1 * MS)
+    r.on_result(False, 2 * MS)
+    assert r.on_result(False, 3 * MS)[1].value == "DOWN"
+
+
+def test_loss_ratio_leaves_out_dead_paths_but_counts_lossy_ones():
+    import random
+
+    from linkpass.adapters.probe_filter import ProbeFilter
+
+    cfg = make_cfg(rails=(0, 1), n_peers=2, hold_down_ms=100)
+    out = []
+    f = ProbeFilter(cfg, out.append)
+    rng = random.Random(7)
+    t = 0
+    for i in range(300):  # rail 0: h1 dies after 50 probes, h2 is clean; rail 1: 30 % random loss
+        t += 10 * MS
+        f(ProbeResult(0, "h1", i < 50, t, rtt_ns=1 if i < 50 else None))
+        f(ProbeResult(0, "h2", True, t, rtt_ns=1))
+        f(ProbeResult(1, "h1", i == 0 or rng.random() > 0.3, t, rtt_ns=1))
+    ratio = {r: f.rail_lost[r] / f.rail_n[r] for r in (0, 1)}
+    assert ratio[0] == 0 and 199 <= f.rail_n[0] <= 201  # the dead path left the ratio after 6 misses
+    assert 0.2 < ratio[1] < 0.4 and 199 <= f.rail_n[1] <= 201
+    assert any(isinstance(x, ProbeLoss) and x.rail == 1 and x.loss > 0.1 for x in out)  # reported at once
+    f(ProbeResult(0, "h1", True, t + MS, rtt_ns=1))  # h1 answers again: it counts again
+    assert f.rail_n[0] > 200

@@ -372,6 +372,41 @@ def test_set_paths_keeps_sweep_position_and_prunes():
     assert s.paths() == [] and s.poll(10**10) == [] and s.tick_ns == 100 * MS
 
 
+def test_confirm_train_probes_densely_until_settled_or_its_end():
+    s = sched()
+    assert s.confirm_step_ns == 2 * MS
+    s.poll(0)
+    assert not s.confirm(0, "c", 5 * MS, 40 * MS)  # a slow path gets no train
+    assert s.confirm(0, "a", 5 * MS, 30 * MS)
+    assert s.next_tick_ns == 5 * MS
+    t, sends = 5 * MS, []
+    while t < 31 * MS:
+        sends += [(t, x.rail, x.peer) for x in s.poll(t) if (x.rail, x.peer) == (0, "a")]
+        t = s.next_tick_ns
+    times = [x[0] // MS for x in sends]
+    # confirm probes every 2 ms, the regular ones at 10 and 20 (no doubled probe at a tick)
+    assert times == [5, 7, 9, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30]
+    assert s.confirming() == []  # the train ended at 30 ms
+    s.confirm(1, "b", 31 * MS, 60 * MS)
+    s.poll(31 * MS)
+    s.settle(1, "b")
+    assert s.confirming() == [] and s.next_tick_ns == 40 * MS
+
+
+def test_confirm_probes_take_tokens_and_never_burst():
+    s = sched(pps=500)  # 4 fast paths x 100/s = 400: 100/s left for trains and the sweep
+    s.poll(0)
+    for peer in ("a", "b"):
+        for r in (0, 1):
+            s.confirm(r, peer, 1 * MS, 10_000 * MS)
+    t, n = 1 * MS, 0
+    while t < 1000 * MS:
+        n += len(s.poll(t))
+        t = s.next_tick_ns
+    assert n <= 500 + 10
+    assert s.poll(5000 * MS) and len(s.poll(5000 * MS)) == 0  # no burst after a stall
+
+
 # ----------------------------------------------------------------------------- stats
 
 
