@@ -41,6 +41,7 @@ class ProbeFilter:
         self.path_window: dict[tuple[int, str], deque] = {}  # path -> (t_ns, ok) in the loss window
         self.path_lost: dict[tuple[int, str], int] = {}
         self.streak: dict[tuple[int, str], int] = {}  # path -> misses in a row
+        self.revived_ns: dict[tuple[int, str], int] = {}  # path -> when it last answered after being dead
         self.rail_n: dict[int, int] = {}  # per rail, over its live paths: probes in the window
         self.rail_lost: dict[int, int] = {}  # ... and of those, lost
         self.last_report: dict[int, float] = {}
@@ -89,11 +90,18 @@ class ProbeFilter:
         """Loss window: per path, and per rail summed over its *live* paths only.  A path whose
         misses in a row reach 2 x detect_multiplier is dead (a blackholed or dead peer): that is
         the path/rail verdict's business, and counting it would mark the whole rail DEGRADED
-        for one dead peer.  It counts again from its next answer."""
+        for one dead peer.  It counts again from its next answer, with its window restarted
+        there (the dead time is not loss either)."""
         rail = ev.rail
+        if not ev.ok and ev.t_ns < self.revived_ns.get(key, -1) + self.cfg.probe.interval_ms * 1_000_000:
+            return  # a probe sent while the path was still dead, lost after it came back: not loss
         was_live = self._live(key)
         self.streak[key] = 0 if ev.ok else self.streak.get(key, 0) + 1
         win = self.path_window.setdefault(key, deque())
+        if not was_live:  # a dead path answers again: its silence was not loss, start afresh
+            self.revived_ns[key] = ev.t_ns
+            win.clear()
+            self.path_lost[key] = 0
         win.append((ev.t_ns, ev.ok))
         lost = self.path_lost.get(key, 0) + (0 if ev.ok else 1)
         horizon = ev.t_ns - self.cfg.probe.loss_window_ms * 1_000_000
@@ -104,7 +112,7 @@ class ProbeFilter:
             if not ok:
                 gone_lost += 1
         lost -= gone_lost
-        old_n, old_lost = len(win) + gone - 1, self.path_lost.get(key, 0)
+        old_n, old_lost = max(0, len(win) + gone - 1), self.path_lost.get(key, 0)
         self.path_lost[key] = lost
         is_live = self._live(key)
         if was_live:  # take the path's old contribution out of the rail's totals

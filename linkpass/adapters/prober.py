@@ -99,6 +99,7 @@ class Prober:
         self._seq = time.time_ns()  # a restarted prober never reuses a recent seq
         self._priority: list[str] = []
         self._last_ok: dict[tuple[int, str], int] = {}  # path -> when its last reply came (ns)
+        self._silenced: dict[tuple[int, str], int] = {}  # path -> the _last_ok whose silence was handled
         self.schedule = self._new_schedule(cfg, clock())
         self._sync_stats()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -121,6 +122,7 @@ class Prober:
         wanted = set(self.schedule.paths())
         self.path_stats = {k: self.path_stats.get(k) or wire.PathStats() for k in self.schedule.paths()}
         self._last_ok = {k: v for k, v in self._last_ok.items() if k in wanted}
+        self._silenced = {k: v for k, v in self._silenced.items() if k in wanted}
         self.guard.forget(wanted)
 
     def reconfigure(self, cfg: Config, key: bytes) -> None:
@@ -272,6 +274,9 @@ class Prober:
         dl = self.guard.next_deadline_ns()
         if dl is not None and dl < wake:
             wake = dl
+        silent = self._next_silence_ns()
+        if silent is not None and silent < wake:
+            wake = silent
         # +1 us: never wake a hair early because of the float clock of the loop
         self._handle = self._loop.call_later(max(0, wake - now) / 1e9 + 1e-6, self._tick)
 
@@ -287,8 +292,29 @@ class Prober:
             log.exception("probe tick failed")
         self._rearm(self.clock())
 
+    def _detect_ns(self) -> int:
+        return self.cfg.probe.detect_multiplier * self.schedule.interval_ns
+
+    def _next_silence_ns(self) -> int | None:
+        """When the first path under a confirm train reaches BFD's detection time (None: none)."""
+        d = self._detect_ns()
+        times = [self._last_ok[k] + d for k in self.schedule.confirming()
+                 if k in self._last_ok and self._silenced.get(k) != self._last_ok[k]]
+        return min(times) if times else None
+
     def _expire(self, now: int) -> None:
-        for p in self.guard.expire(now):
+        lost = self.guard.expire(now)
+        confirming = self.schedule.confirming()
+        if confirming:
+            # a path silent for detect_multiplier x interval since its last reply: its
+            # outstanding probes are lost now (BFD declares the session down at that moment)
+            d = self._detect_ns()
+            for key in confirming:
+                t_ok = self._last_ok.get(key)
+                if t_ok is not None and now >= t_ok + d and self._silenced.get(key) != t_ok:
+                    self._silenced[key] = t_ok  # once per silence
+                    lost += self.guard.expire_path(*key)
+        for p in lost:
             self.counters["timeouts"] += 1
             key = (p.rail, p.peer)
             st = self.path_stats.get(key)

@@ -244,6 +244,15 @@ class ReplyGuard:
                 out.append(p)
         return out
 
+    def expire_path(self, rail: int, peer: str) -> list[Pending]:
+        """Remove and return every outstanding probe of one path now, before its deadline (the
+        path has been silent for the whole detection time: waiting longer adds nothing)."""
+        out = [p for p in self._pending.values() if p.rail == rail and p.peer == peer]
+        for p in out:
+            del self._pending[p.seq]
+            self._finish(p.seq, "expired")
+        return sorted(out, key=lambda p: p.seq)
+
     def next_deadline_ns(self) -> int | None:
         """The earliest deadline of an outstanding probe (None when none is outstanding)."""
         dl = self._deadlines

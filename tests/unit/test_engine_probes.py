@@ -181,5 +181,9 @@ def test_loss_ratio_leaves_out_dead_paths_but_counts_lossy_ones():
     assert ratio[0] == 0 and 199 <= f.rail_n[0] <= 201  # the dead path left the ratio after 6 misses
     assert 0.2 < ratio[1] < 0.4 and 199 <= f.rail_n[1] <= 201
     assert any(isinstance(x, ProbeLoss) and x.rail == 1 and x.loss > 0.1 for x in out)  # reported at once
-    f(ProbeResult(0, "h1", True, t + MS, rtt_ns=1))  # h1 answers again: it counts again
-    assert f.rail_n[0] > 200
+    f(ProbeResult(0, "h1", True, t + MS, rtt_ns=1))  # h1 answers again: it counts again, afresh
+    assert f.rail_n[0] == 202 and f.rail_lost[0] == 0
+    f(ProbeResult(0, "h1", False, t + 5 * MS))  # sent before it came back: not loss
+    assert f.rail_lost[0] == 0
+    f(ProbeResult(0, "h1", False, t + 12 * MS))  # sent after: loss
+    assert f.rail_lost[0] == 1

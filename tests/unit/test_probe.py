@@ -516,3 +516,69 @@ def test_prober_reconfigure_and_priority_peers():
     clock[0] += 20 * MS
     pr._expire(clock[0])
     assert [(e.rail, e.peer, e.ok) for e in events] == [(1, "h1", False)]
+
+
+def test_prober_silent_path_gets_confirm_probes_and_is_lost_at_bfd_detection_time():
+    """A path that answered at t0 and then goes silent: a confirm train starts at the first
+    miss, and at exactly t0 + 3 x 10 ms every outstanding probe is reported lost (the engine's
+    DOWN rule then holds); a reply ends the train."""
+    from linkpass.adapters.probe_filter import ProbeFilter
+    from linkpass.core.paths import PathHealth
+
+    pr, clock, events = prober_for()
+    pr.schedule.set_paths({0: ["h1"]}, clock[0])  # one fast path, rail 0
+    t0 = clock[0]
+
+    def step_to(t):  # what the prober's timer does, with a fake clock
+        while True:
+            wake = min(x for x in (pr.schedule.next_tick_ns, pr.guard.next_deadline_ns(), pr._next_silence_ns()) if x is not None)
+            if wake > t:
+                break
+            clock[0] = wake
+            pr._expire(wake)
+            for s in pr.schedule.poll(wake):
+                pr._send(s, wake)
+        clock[0] = t
+
+    step_to(t0)
+    seq = max(pr.guard._pending)
+    clock[0] = t0 + MS // 10
+    pr.on_datagram(encode(Probe(REPLY, "h1", "h0", 0, seq, t0), KEY), ("198.18.0.2", 40000))
+    t_ok = clock[0]
+    step_to(t_ok + 40 * MS)  # silence from here on
+    misses = [e for e in events if not e.ok]
+    assert pr.counters["confirm_trains"] >= 1
+    assert len(misses) >= 3 and pr.counters["sent"] + pr.counters["send_errors"] >= 8  # 4 regular + confirm probes
+    # the path health that the engine keeps, fed through the filter as in the daemon
+    fwd = []
+    filt = ProbeFilter(pr.cfg, fwd.append)
+    for e in events:
+        filt(e)
+    ph = PathHealth(0, "h1", 3, 10 * MS)
+    down_at = None
+    for e in fwd:
+        if getattr(e, "ok", None) is None:
+            continue
+        t = ph.on_result(e.ok, e.t_ns, e.rtt_ns, e.since_ok_ns)
+        if t and t[1].value == "DOWN":
+            down_at = e.t_ns
+    assert down_at == t_ok + 30 * MS  # BFD: detection time after the last reply, not a tick later
+    # a reply to a later probe ends the train
+    pr.schedule.confirm(0, "h1", clock[0], clock[0] + 50 * MS)
+    step_to(clock[0] + 1 * MS)
+    seq = max(pr.guard._pending)
+    p = pr.guard._pending[seq]
+    pr.on_datagram(encode(Probe(REPLY, "h1", "h0", 0, seq, p.sent_ns), KEY), ("198.18.0.2", 40000))
+    assert pr.schedule.confirming() == []
+
+
+def test_guard_expire_path_takes_only_that_path():
+    g = ReplyGuard()
+    g.add(Pending(0, "a", 1, 0, 10))
+    g.add(Pending(0, "b", 2, 0, 10))
+    g.add(Pending(0, "a", 3, 1, 11))
+    assert [p.seq for p in g.expire_path(0, "a")] == [1, 3]
+    assert len(g) == 1 and g.next_deadline_ns() == 10
+    with pytest.raises(ProbeError) as e:
+        g.check(Probe(REPLY, "a", "me", 0, 1, 0), 5)
+    assert e.value.kind == "late"
