@@ -18,6 +18,17 @@ A fast path that answered before and then misses a probe gets a *confirm train*:
 interval / 5 until it answers or ``detect_multiplier x interval`` has passed since its last
 reply (:meth:`linkpass.core.probe.Schedule.confirm`; see :mod:`linkpass.core.paths` for why).
 
+Passive paths: when two hosts probe each other fast on a rail (ring neighbours, see
+:func:`ring_order`), only the one with the smaller name needs to send probes.  Its requests
+carry ``ack``, the seq of the last reply it accepted from the other; a request acking a reply
+we sent proves the path works both ways.  So the host with the larger name, as long as such
+evidence came within 1.5 intervals, leaves its regular fast probe to that peer out and expects
+the next evidence within 1.5 intervals instead; when that passes it counts a miss and starts a
+confirm train of real probes, like for a missed probe.  This halves the probe packets of a
+symmetric fast set (most of the prober's CPU is the kernel's per-packet cost), and detection
+stays at BFD's time: the silence rule runs on the evidence time like on a reply time.  An ack
+counts once and only when newer than the last one counted, so a replayed request proves nothing.
+
 Every probe has a deadline, ``interval_ms`` (fast) or ``slow_interval_ms`` (slow) after it was
 sent: an authenticated reply before it posts ``ProbeResult(ok=True, rtt_ns)``; when it passes,
 ``ProbeResult(ok=False)`` is posted.  A probe that could not be sent (no socket for the rail,
@@ -52,18 +63,35 @@ SOCKET_RETRY_NS = 1_000_000_000  # a rail socket that could not be made is retri
 _GONE = {errno.ENODEV, errno.ENXIO}
 
 
+def ring_order(me: str, peers: Sequence[str]) -> list[str]:
+    """``peers`` ordered by distance from ``me`` on a ring of every host sorted by SHA-256 of its
+    name: next, previous, second next, second previous, ...
+
+    Every host computes the same ring, so the relation is symmetric: with a fast set of 2,
+    A probes B fast exactly when B probes A fast (its ring neighbours), which lets one of the
+    two answer instead of probing (passive paths).  Each host is the fast target of exactly
+    ``fast_peers`` others (no hot spot), whatever the cluster size."""
+    def pos(name: str) -> bytes:
+        return hashlib.sha256(name.encode()).digest()
+
+    ring = sorted(set(peers) | {me}, key=pos)
+    i, n = ring.index(me), len(ring)
+    out: list[str] = []
+    for d in range(1, n):
+        for name in (ring[(i + d) % n], ring[(i - d) % n]):
+            if name != me and name not in out:
+                out.append(name)
+    return out
+
+
 def rail_paths(cfg: Config) -> dict[int, list[str]]:
-    """rail id -> the peers with an address on that rail ({} when disabled), in an order of this
-    host's own: sorted by SHA-256 of (this host, peer), so every host's fast set is a different
-    stable sample of the peers and no peer becomes every host's probe target (a hot spot)."""
+    """rail id -> the peers with an address on that rail ({} when disabled), in
+    :func:`ring_order` (the first ``fast_peers`` of them form the rail's fast set)."""
     if not cfg.probe.enabled:
         return {}
-    me = cfg.daemon.host
-
-    def spread(name: str) -> bytes:
-        return hashlib.sha256(f"{me}\0{name}".encode()).digest()
-
-    return {r.id: sorted((p.name for p in cfg.peers if r.id in p.rail_ips), key=spread) for r in cfg.rails}
+    rails_of = {p.name: p.rail_ips for p in cfg.peers}
+    order = ring_order(cfg.daemon.host, list(rails_of))
+    return {r.id: [name for name in order if r.id in rails_of[name]] for r in cfg.rails}
 
 
 class Prober:
@@ -82,7 +110,9 @@ class Prober:
     Attributes:
         counters: ``sent``, ``send_errors``, ``replies`` (in time), ``timeouts`` (deadline
             passed), ``late``, ``answered`` (requests we replied to), ``answer_errors``, and
-            ``confirm_trains`` (confirm trains started), ``rejected_<kind>`` for each :class:`linkpass.core.probe.ProbeError` kind
+            ``confirm_trains`` (confirm trains started), ``passive`` (regular probes left out
+            because the peer's requests prove the path), ``passive_ok`` (such proofs),
+            ``passive_misses`` (expected proof that did not come), ``rejected_<kind>`` for each :class:`linkpass.core.probe.ProbeError` kind
             (``auth``, ``malformed``, ``oversized``, ``misaddressed``, ``unexpected``, ``replay``);
             ``socket_errors`` (a rail socket or the responder could not be opened) and
             ``internal_errors`` (a tick failed; logged with its traceback).
@@ -100,6 +130,11 @@ class Prober:
         self._priority: list[str] = []
         self._last_ok: dict[tuple[int, str], int] = {}  # path -> when its last reply came (ns)
         self._silenced: dict[tuple[int, str], int] = {}  # path -> the _last_ok whose silence was handled
+        self._reply_seq: dict[tuple[int, str], int] = {}  # path -> seq of the last reply accepted (our acks)
+        self._answered: dict[tuple[int, str], dict[int, None]] = {}  # (rail, prober) -> seqs we answered lately
+        self._ack_used: dict[tuple[int, str], int] = {}  # path -> the newest ack counted as proof
+        self._evidence_ns: dict[tuple[int, str], int] = {}  # path -> when the last proof came
+        self._expect: dict[tuple[int, str], int] = {}  # passive path -> the next proof is due by
         self.schedule = self._new_schedule(cfg, clock())
         self._sync_stats()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -123,6 +158,9 @@ class Prober:
         self.path_stats = {k: self.path_stats.get(k) or wire.PathStats() for k in self.schedule.paths()}
         self._last_ok = {k: v for k, v in self._last_ok.items() if k in wanted}
         self._silenced = {k: v for k, v in self._silenced.items() if k in wanted}
+        for d in (self._reply_seq, self._answered, self._ack_used, self._evidence_ns, self._expect):
+            for k in [k for k in d if k not in wanted]:
+                del d[k]
         self.guard.forget(wanted)
 
     def reconfigure(self, cfg: Config, key: bytes) -> None:
@@ -277,6 +315,10 @@ class Prober:
         silent = self._next_silence_ns()
         if silent is not None and silent < wake:
             wake = silent
+        if self._expect:
+            due = min(self._expect.values())
+            if due < wake:
+                wake = due
         # +1 us: never wake a hair early because of the float clock of the loop
         self._handle = self._loop.call_later(max(0, wake - now) / 1e9 + 1e-6, self._tick)
 
@@ -303,6 +345,8 @@ class Prober:
         return min(times) if times else None
 
     def _expire(self, now: int) -> None:
+        if self._expect:
+            self._expire_passive(now)
         lost = self.guard.expire(now)
         confirming = self.schedule.confirming()
         if confirming:
@@ -320,14 +364,45 @@ class Prober:
             st = self.path_stats.get(key)
             if st is not None:
                 st.record(False)
-            last_ok = self._last_ok.get(key)
-            if p.fast and last_ok is not None:
-                # a fast path that answered before missed one: probe it densely until it
-                # answers or BFD's detection time (plus one step) has passed since its last reply
-                end = last_ok + self.cfg.probe.detect_multiplier * self.schedule.interval_ns + self.schedule.confirm_step_ns
-                if self.schedule.confirm(p.rail, p.peer, now, end):
-                    self.counters["confirm_trains"] += 1
+            if p.fast:  # a fast path missed a probe: a confirm train (if it ever answered)
+                self._start_confirm(key, now)
             self.post(ProbeResult(p.rail, p.peer, False, now, None, p.seq))
+
+    def _expire_passive(self, now: int) -> None:
+        for key, due in list(self._expect.items()):
+            if due > now:
+                continue
+            del self._expect[key]
+            self.counters["passive_misses"] += 1
+            st = self.path_stats.get(key)
+            if st is not None:
+                st.record(False)
+            self._start_confirm(key, now)
+            self.post(ProbeResult(key[0], key[1], False, now, None, 0))
+
+    def _start_confirm(self, key: tuple[int, str], now: int) -> None:
+        last_ok = self._last_ok.get(key)
+        if last_ok is None:
+            return
+        # probe densely until it answers or BFD's detection time (plus one step) has passed
+        # since its last reply
+        end = last_ok + self._detect_ns() + self.schedule.confirm_step_ns
+        if self.schedule.confirm(key[0], key[1], now, end):
+            self.counters["confirm_trains"] += 1
+
+    def _passive(self, s: wire.Send, now: int) -> bool:
+        """Leave this regular fast probe out: the peer's requests prove the path (see above)."""
+        if s.confirm or not s.fast or s.peer >= self.cfg.daemon.host:
+            return False
+        key = (s.rail, s.peer)
+        ev = self._evidence_ns.get(key)
+        slack = self.schedule.interval_ns * 3 // 2
+        if ev is None or now - ev > slack:
+            return False
+        if key not in self._expect:
+            self._expect[key] = now + slack
+        self.counters["passive"] += 1
+        return True
 
     # ---------------------------------------------------------------- send
 
@@ -339,6 +414,8 @@ class Prober:
         return None
 
     def _send(self, s: wire.Send, now: int) -> None:
+        if self._passive(s, now):
+            return
         self._seq += 1
         seq = self._seq
         self.guard.add(wire.Pending(s.rail, s.peer, seq, now, now + s.timeout_ns, s.fast))
@@ -347,7 +424,8 @@ class Prober:
         if ip is None or sock is None:
             self.counters["send_errors"] += 1
             return
-        data = wire.encode(wire.Probe(wire.REQUEST, self.cfg.daemon.host, s.peer, s.rail, seq, now), self.key)
+        data = wire.encode(wire.Probe(wire.REQUEST, self.cfg.daemon.host, s.peer, s.rail, seq, now,
+                                      self._reply_seq.get((s.rail, s.peer), 0)), self.key)
         try:
             sock.sendto(data, (ip, self.cfg.probe.port))
         except OSError as e:
@@ -382,6 +460,7 @@ class Prober:
                 raise wire.ProbeError("misaddressed", f"probe for {p.target!r}, this host is {self.cfg.daemon.host!r}")
             if p.type == wire.REQUEST:
                 self._answer(p, addr)
+                self._proof(p, now)
                 return
             self._expire(now)  # a probe whose deadline passed is lost before any reply counts
             pend = self.guard.check(p, now)
@@ -394,11 +473,33 @@ class Prober:
         rtt = now - pend.sent_ns
         self.counters["replies"] += 1
         self._last_ok[(pend.rail, pend.peer)] = now
+        self._reply_seq[(pend.rail, pend.peer)] = pend.seq
         self.schedule.settle(pend.rail, pend.peer)
         st = self.path_stats.get((pend.rail, pend.peer))
         if st is not None:
             st.record(True, rtt)
         self.post(ProbeResult(pend.rail, pend.peer, True, now, rtt, pend.seq))
+
+    def _proof(self, req: wire.Probe, now: int) -> None:
+        """A request from a peer we probe on that rail: remember that we answered it, and if it
+        acks a reply of ours (newer than any ack counted so far), the path works both ways."""
+        key = (req.rail, req.sender)
+        if key not in self.path_stats:
+            return
+        seen = self._answered.setdefault(key, {})
+        seen[req.seq] = None
+        if len(seen) > 16:
+            del seen[next(iter(seen))]
+        if not req.ack or req.ack <= self._ack_used.get(key, 0) or req.ack not in seen:
+            return
+        self._ack_used[key] = req.ack
+        self._evidence_ns[key] = now
+        self._expect.pop(key, None)
+        self._last_ok[key] = now
+        self.schedule.settle(*key)
+        self.counters["passive_ok"] += 1
+        self.path_stats[key].record(True)
+        self.post(ProbeResult(key[0], key[1], True, now, None, 0))
 
     def _reject(self, kind: str, addr, err: Exception) -> None:
         name = "late" if kind == "late" else f"rejected_{kind}"

@@ -3,9 +3,9 @@
 A prober sends a *request* to a peer's address on one rail, over that rail; the peer's
 responder sends a *reply* back over the same rail.  Carrier can stay up while a rail drops
 traffic (a gray failure: a blackholing switch port, a bad cable); only an answered probe proves
-the path works.  Layout (network byte order), 59..185 bytes::
+the path works.  Layout (network byte order), 67..193 bytes::
 
-    magic      4  b"LPP1"
+    magic      4  b"LPP2"
     type       1  1 request, 2 reply
     sender_len 1  1..64
     sender     sender_len bytes, UTF-8 host name of the datagram's author
@@ -15,10 +15,17 @@ the path works.  Layout (network byte order), 59..185 bytes::
     seq        8  u64, the prober's probe number (a reply carries the request's)
     ts         8  u64, the prober's send time (monotonic ns; opaque to the responder, which
                   copies it into the reply)
+    ack        8  u64, request only: the seq of the last reply the prober accepted from this
+                  target on this rail (0: none); a reply carries 0
     mac        32 HMAC-SHA256(key, every byte before it)
 
-A reply is the request with ``type`` 2 and sender/target swapped; the MAC covers ``type``, so a
-request cannot be reflected back as a reply.  The key is the notice key (one key file).
+A reply is the request with ``type`` 2, sender/target swapped and ``ack`` 0; the MAC covers
+``type``, so a request cannot be reflected back as a reply.  The key is the notice key (one key
+file).
+
+``ack`` lets a responder learn, without probes of its own, that its replies arrive: a request
+acking a reply it sent proves the path works both ways (see "passive paths" in
+:mod:`linkpass.adapters.prober`).  ``LPP1`` (no ``ack``) is the previous layout and is rejected.
 
 The responder is stateless.  The prober keeps its outstanding probes in a :class:`ReplyGuard`:
 a reply is accepted once, only for a probe sent and still inside its deadline; anything else is
@@ -39,11 +46,11 @@ from dataclasses import dataclass
 
 from linkpass.core.wire import MAC_LEN, WireError, open_sealed, seal
 
-MAGIC = b"LPP1"
+MAGIC = b"LPP2"
 REQUEST = 1
 REPLY = 2
 MAX_NAME = 64
-_TAIL = struct.Struct("!HQQ")  # rail, seq, ts
+_TAIL = struct.Struct("!HQQQ")  # rail, seq, ts, ack
 MAX_LEN = 4 + 1 + 1 + MAX_NAME + 1 + MAX_NAME + _TAIL.size + MAC_LEN
 MIN_LEN = 4 + 1 + 1 + 1 + 1 + 1 + _TAIL.size + MAC_LEN
 
@@ -78,9 +85,10 @@ class Probe:
     rail: int
     seq: int
     ts_ns: int
+    ack: int = 0
 
     def reply(self) -> Probe:
-        """The reply to this request: sender/target swapped, everything else echoed."""
+        """The reply to this request: sender/target swapped, ack 0, everything else echoed."""
         return Probe(REPLY, self.target, self.sender, self.rail, self.seq, self.ts_ns)
 
 
@@ -88,8 +96,8 @@ def encode(p: Probe, key: bytes) -> bytes:
     """Serialize and sign.
 
     Raises:
-        ValueError: unknown type, a name empty or over 64 bytes, rail over 16 bits, seq or
-            ts_ns outside u64.
+        ValueError: unknown type, a name empty or over 64 bytes, rail over 16 bits, seq,
+            ts_ns or ack outside u64.
     """
     if p.type not in (REQUEST, REPLY):
         raise ValueError(f"probe type must be {REQUEST} or {REPLY}, got {p.type}")
@@ -99,11 +107,11 @@ def encode(p: Probe, key: bytes) -> bytes:
             raise ValueError(f"{what} name must be 1..{MAX_NAME} bytes, got {len(name)}")
     if not 0 <= p.rail <= 0xFFFF:
         raise ValueError(f"rail id {p.rail} does not fit 16 bits")
-    for what, v in (("seq", p.seq), ("ts_ns", p.ts_ns)):
+    for what, v in (("seq", p.seq), ("ts_ns", p.ts_ns), ("ack", p.ack)):
         if not 0 <= v < 2**64:
             raise ValueError(f"{what} {v} does not fit an unsigned 64-bit field")
     body = b"".join((MAGIC, bytes((p.type, len(sender))), sender, bytes((len(target),)), target,
-                     _TAIL.pack(p.rail, p.seq, p.ts_ns)))
+                     _TAIL.pack(p.rail, p.seq, p.ts_ns, p.ack)))
     return seal(body, key)
 
 
@@ -134,8 +142,8 @@ def decode(data: bytes, key: bytes) -> Probe:
         target = body[toff:toff + tlen].decode()
     except UnicodeDecodeError:
         raise ProbeError("malformed", "host name is not UTF-8") from None
-    rail, seq, ts = _TAIL.unpack_from(body, toff + tlen)
-    return Probe(ptype, sender, target, rail, seq, ts)
+    rail, seq, ts, ack = _TAIL.unpack_from(body, toff + tlen)
+    return Probe(ptype, sender, target, rail, seq, ts, ack)
 
 
 # --------------------------------------------------------------------------- reply guard
@@ -275,12 +283,15 @@ class ReplyGuard:
 
 @dataclass(frozen=True)
 class Send:
-    """One probe the schedule wants sent now; its deadline is ``timeout_ns`` after sending."""
+    """One probe the schedule wants sent now; its deadline is ``timeout_ns`` after sending.
+    ``confirm``: part of a confirm train (always sent; a regular fast probe may be left out by
+    the prober when the path is passive)."""
 
     rail: int
     peer: str
     fast: bool
     timeout_ns: int
+    confirm: bool = False
 
 
 class TokenBucket:
@@ -467,7 +478,7 @@ class Schedule:
                 # no token left (the bucket bounds the rate): skip this one; the train goes on
                 # one step later either way (never a burst after a stalled loop)
                 if b.take():
-                    out.append(Send(key[0], key[1], True, self.interval_ns))
+                    out.append(Send(key[0], key[1], True, self.interval_ns, confirm=True))
                 train[0] = now_ns + step
             if train[0] >= train[1]:
                 del self._confirm[key]

@@ -66,8 +66,8 @@ ip, port, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 from linkpass.core.probe import Probe, REQUEST, REPLY, encode
 for i in range(n):
     s.sendto(encode(Probe(REQUEST if i % 2 else REPLY, "h1", "h0", 0, i, i), b"wrong key, wrong key!"), (ip, port))
-for size in (0, 1, 58, 100, 186, 1400):
-    s.sendto(b"LPP1" + os.urandom(max(0, size - 4)) if size >= 4 else os.urandom(size), (ip, port))
+for size in (0, 1, 66, 100, 194, 1400):
+    s.sendto(b"LPP2" + os.urandom(max(0, size - 4)) if size >= 4 else os.urandom(size), (ip, port))
 """
 FORGED = 20
 
@@ -148,7 +148,9 @@ def test_prober_on_the_fabric():
         for rail in (0, 1):
             w = [e for e in evs if e["rail"] == rail and e["peer"] == peer and t_start + 50 * MS <= e["t_ns"] < t_rr0]
             assert len(w) >= 50, (rail, len(w))
-            assert all(e["ok"] and 0 < e["rtt_ns"] < INTERVAL_MS * MS for e in w), [e for e in w if not e["ok"]][:5]
+            # h1 (the larger name) is mostly passive: h0's acked requests prove its paths (no RTT)
+            assert all(e["ok"] and (e["rtt_ns"] is None or 0 < e["rtt_ns"] < INTERVAL_MS * MS) for e in w), \
+                [e for e in w if not e["ok"]][:5]
 
     # ---- a route of h1 carrying h0's rail-0 address over rail 1 changes nothing for the probes
     for evs in (ev0, ev1):
@@ -175,8 +177,8 @@ def test_prober_on_the_fabric():
 
     # ---- forged datagrams are counted and do not stop the prober
     c = st0["stats"]["counters"]
-    # the wrong-key probes and the 100-byte "LPP1..." one fail the MAC; 0, 1 and 58 bytes are
-    # too short; 186 and 1400 bytes too long
+    # the wrong-key probes and the 100-byte "LPP2..." one fail the MAC; 0, 1 and 66 bytes are
+    # too short; 194 and 1400 bytes too long
     assert (c["rejected_auth"], c.get("rejected_malformed", 0), c.get("rejected_oversized", 0)) == (FORGED + 1, 3, 2), c
     for rail in (0, 1):
         after = _between(ev0, rail, t_forged + 20 * MS, t_end)
@@ -187,8 +189,12 @@ def test_prober_on_the_fabric():
     assert set(paths) == {(0, "h1"), (1, "h1")} and all(p["fast"] for p in paths.values())
     assert st0["stats"]["priority_peers"] == ["h1"] and st1["stats"]["priority_peers"] == ["h0"]  # the reload ran
     assert paths[(1, "h1")]["loss"] == 0.0 and paths[(1, "h1")]["ewma_rtt_us"] > 0
-    assert c["replies"] == sum(e["ok"] for e in ev0) and c["timeouts"] == sum(not e["ok"] for e in ev0)
-    assert c["answered"] >= st1["stats"]["counters"]["replies"]
+    assert c["replies"] + c.get("passive_ok", 0) == sum(e["ok"] for e in ev0)
+    assert c["timeouts"] + c.get("passive_misses", 0) == sum(not e["ok"] for e in ev0)
+    assert c["answered"] >= st1["stats"]["counters"].get("replies", 0)
+    # passive paths: h0 probes, h1 mostly answers; together about half the probes of two probers
+    c1 = st1["stats"]["counters"]
+    assert c1["passive"] > 2 * c1.get("sent", 0) and c["sent"] > 2 * c1.get("sent", 0), (c, c1)  # faults make h1 probe too
     print(f"\nprober CPU: h0 {100 * st0['cpu_s'] / st0['wall_s']:.1f} %, h1 {100 * st1['cpu_s'] / st1['wall_s']:.1f} % "
           f"of one core over {st0['wall_s']:.1f} s (2 rails x 1 peer at {INTERVAL_MS} ms, answering the peer's probes too); "
           f"blackhole reported {(first_fail - blackhole['t_issued_ns']) / MS:.1f} ms after the cut was issued, back {(back[0] - healed1['t_done_ns']) / MS:.1f} ms "

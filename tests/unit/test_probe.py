@@ -40,23 +40,30 @@ def sign(body: bytes, key: bytes = KEY) -> bytes:
     return body + hmac.new(key, body, hashlib.sha256).digest()
 
 
-def body_of(ptype: int, sender: bytes, target: bytes, rail: int, seq: int, ts: int, slen: int | None = None, tlen: int | None = None) -> bytes:
-    return (b"LPP1" + bytes((ptype, len(sender) if slen is None else slen)) + sender
-            + bytes((len(target) if tlen is None else tlen,)) + target + struct.pack("!HQQ", rail, seq, ts))
+def body_of(ptype: int, sender: bytes, target: bytes, rail: int, seq: int, ts: int, slen: int | None = None,
+            tlen: int | None = None, ack: int = 0) -> bytes:
+    return (b"LPP2" + bytes((ptype, len(sender) if slen is None else slen)) + sender
+            + bytes((len(target) if tlen is None else tlen,)) + target + struct.pack("!HQQQ", rail, seq, ts, ack))
 
 
 # ----------------------------------------------------------------------------- codec
 
 
 def test_sizes():
-    assert MIN_LEN == 4 + 1 + 1 + 1 + 1 + 1 + 2 + 8 + 8 + 32 == 59
-    assert MAX_LEN == 4 + 1 + 1 + 64 + 1 + 64 + 2 + 8 + 8 + 32 == 185
+    assert MIN_LEN == 4 + 1 + 1 + 1 + 1 + 1 + 2 + 8 + 8 + 8 + 32 == 67
+    assert MAX_LEN == 4 + 1 + 1 + 64 + 1 + 64 + 2 + 8 + 8 + 8 + 32 == 193
 
 
 def test_encode_layout_is_the_documented_one():
     data = encode(REQ, KEY)
     assert data == sign(body_of(1, b"h0", b"h1", 3, REQ.seq, REQ.ts_ns))
     assert len(data) == MIN_LEN + 2
+    acked = Probe(REQUEST, "h0", "h1", 3, REQ.seq, REQ.ts_ns, ack=2**64 - 1)
+    assert encode(acked, KEY) == sign(body_of(1, b"h0", b"h1", 3, REQ.seq, REQ.ts_ns, ack=2**64 - 1))
+    assert decode(encode(acked, KEY), KEY) == acked and acked.reply().ack == 0
+    with pytest.raises(ProbeError) as e:  # the previous layout (no ack) is refused
+        decode(sign(b"LPP1" + body_of(1, b"h0", b"h1", 3, 1, 1)[4:-8]), KEY)
+    assert e.value.kind == "malformed"
 
 
 def test_round_trip_request_and_reply():
@@ -143,7 +150,7 @@ def test_oversized():
         decode(encode(REQ, KEY) + b"\0" * (MAX_LEN + 1), KEY)
     assert e.value.kind == "oversized"
     with pytest.raises(ProbeError) as e:
-        decode(b"LPP1" + b"\0" * (MAX_LEN - 3), KEY)
+        decode(b"LPP2" + b"\0" * (MAX_LEN - 3), KEY)
     assert e.value.kind == "oversized"
 
 
@@ -167,7 +174,7 @@ def test_bad_magic():
         (body_of(1, b"a", b"b", 0, 1, 1) + b"\0", "trailing byte"),
         (body_of(1, b"\xff", b"b", 0, 1, 1), "sender not UTF-8"),
         (body_of(1, b"a", b"\xc3", 0, 1, 1), "target not UTF-8"),
-        (b"LPP1\x01" + b"\x40" + b"a" * 64 + b"\0" * 18, "sender fills the body, no target length"),
+        (b"LPP2\x01" + b"\x40" + b"a" * 64 + b"\0" * 26, "sender fills the body, no target length"),
     ],
 )
 def test_signed_but_malformed(body, why):
@@ -190,11 +197,11 @@ def test_random_bytes_raise_only_probe_error(data):
 def test_random_signed_bodies_raise_only_probe_error(tail):
     """Past the MAC check: whatever an authenticated sender puts there is parsed or refused cleanly."""
     try:
-        p = decode(sign(b"LPP1" + tail), KEY)
+        p = decode(sign(b"LPP2" + tail), KEY)
     except ProbeError as e:
         assert e.kind in ("malformed", "oversized")
     else:
-        assert encode(p, KEY) == sign(b"LPP1" + tail)
+        assert encode(p, KEY) == sign(b"LPP2" + tail)
 
 
 # ----------------------------------------------------------------------------- reply guard
@@ -507,12 +514,13 @@ def test_prober_reconfigure_and_priority_peers():
     data["peers"].append({"name": "h2", "rail_ips": {"0": "198.18.0.3", "1": "198.18.1.3"}})
     data["probe"]["interval_ms"] = 20
     pr.reconfigure(Config.model_validate(data), KEY)
-    assert pr.schedule.fast == [(0, "h2"), (1, "h1")] and pr.schedule.slow == [(1, "h2")]
+    # ring order from h0: h2 before h1 (fast_peers = 1)
+    assert pr.schedule.fast == [(0, "h2"), (1, "h2")] and pr.schedule.slow == [(1, "h1")]
     assert len(pr.guard) == 1  # the probe to h1 on rail 0 is dropped, not reported lost
     assert set(pr.path_stats) == {(0, "h2"), (1, "h1"), (1, "h2")}
     assert pr.schedule.tick_ns == 20 * MS
-    pr.set_priority_peers(["h2"])
-    assert pr.schedule.fast == [(0, "h2"), (1, "h2")] and pr.stats()["priority_peers"] == ["h2"]
+    pr.set_priority_peers(["h1"])
+    assert pr.schedule.fast == [(0, "h2"), (1, "h1")] and pr.stats()["priority_peers"] == ["h1"]
     clock[0] += 20 * MS
     pr._expire(clock[0])
     assert [(e.rail, e.peer, e.ok) for e in events] == [(1, "h1", False)]
@@ -582,3 +590,141 @@ def test_guard_expire_path_takes_only_that_path():
     with pytest.raises(ProbeError) as e:
         g.check(Probe(REPLY, "a", "me", 0, 1, 0), 5)
     assert e.value.kind == "late"
+
+
+def test_ring_order_fast_sets_are_symmetric_and_balanced():
+    from linkpass.adapters.prober import ring_order
+
+    for n in (2, 3, 5, 16, 101):
+        hosts = [f"node-{i:04d}" for i in range(n)]
+        fast = {h: set(ring_order(h, [x for x in hosts if x != h])[:2]) for h in hosts}
+        for a in hosts:
+            assert len(ring_order(a, hosts)) == n - 1 and a not in fast[a]
+            for b in fast[a]:
+                assert a in fast[b]  # symmetric: one of the two can stay passive
+        targets = [b for a in hosts for b in fast[a]]
+        assert all(targets.count(h) == min(2, n - 1) for h in hosts)  # nobody is a hot spot
+
+
+class _Wire:
+    """Two probers joined back to back (no sockets): datagrams are delivered at once unless
+    the wire is cut."""
+
+    def __init__(self):
+        self.cut = False
+        self.queue = []
+
+    def sock(self, src):
+        wire_ = self
+
+        class S:
+            def sendto(self, data, addr):
+                wire_.queue.append((src, data))
+
+        return S()
+
+
+def _pair(interval_ms=10):
+    from linkpass.adapters.prober import Prober
+    from linkpass.config import parse_config
+
+    clock = [1_000 * MS]
+    w = _Wire()
+    probers, events = {}, {}
+    for me, other, mine, theirs in (("h0", "h1", 1, 2), ("h1", "h0", 2, 1)):
+        cfg = parse_config(f"""
+[daemon]
+host = "{me}"
+mode = "per-rail-ip"
+[[rails]]
+id = 0
+netdev = "rail0"
+address = "198.18.0.{mine}"
+[[peers]]
+name = "{other}"
+rail_ips = {{ "0" = "198.18.0.{theirs}" }}
+[probe]
+interval_ms = {interval_ms}
+""")
+        events[me] = []
+        pr = Prober(cfg, KEY, events[me].append, clock=lambda: clock[0])
+        pr._rail_socks = {0: w.sock(me)}
+        pr._resp = w.sock(me)
+        probers[me] = pr
+    return probers, events, clock, w
+
+
+def _run(probers, clock, w, until):
+    while clock[0] < until:
+        wakes = []
+        for pr in probers.values():
+            for x in (pr.schedule.next_tick_ns, pr.guard.next_deadline_ns(), pr._next_silence_ns(),
+                      min(pr._expect.values()) if pr._expect else None):
+                if x is not None:
+                    wakes.append(x)
+        clock[0] = max(clock[0], min(min(wakes), until))
+        for pr in probers.values():
+            pr._expire(clock[0])
+            for s in pr.schedule.poll(clock[0]):
+                pr._send(s, clock[0])
+        clock[0] += 20_000  # 20 us on the wire
+        while w.queue:
+            src, data = w.queue.pop(0)
+            if not w.cut:
+                probers["h1" if src == "h0" else "h0"].on_datagram(data, ("198.18.0.9", 7472))
+
+
+def test_passive_path_halves_probes_and_still_detects_at_bfd_time():
+    from linkpass.adapters.probe_filter import ProbeFilter
+    from linkpass.core.paths import PathHealth
+
+    probers, events, clock, w = _pair()
+    h0, h1 = probers["h0"], probers["h1"]
+    _run(probers, clock, w, clock[0] + 1000 * MS)
+    # h0 (smaller name) probes; h1 answers and leaves its own probes out (h0's acks prove the path)
+    assert h0.counters["sent"] >= 95 and h0.counters["replies"] >= 95
+    assert h1.counters["passive"] >= 90 and h1.counters["sent"] <= 10 and h1.counters["passive_ok"] >= 90
+    assert h1.counters.get("passive_misses", 0) == 0 and h0.counters.get("timeouts", 0) <= 1
+    t_cut = clock[0]
+    w.cut = True  # blackhole both ways
+    _run(probers, clock, w, clock[0] + 100 * MS)
+    for me, pr in probers.items():
+        filt_out = []
+        f = ProbeFilter(pr.cfg, filt_out.append)
+        for e in events[me]:
+            f(e)
+        ph = PathHealth(0, "h1" if me == "h0" else "h0", 3, 10 * MS)
+        down = None
+        last_ok = max(e.t_ns for e in events[me] if e.ok and e.t_ns <= t_cut)
+        for e in filt_out:
+            if getattr(e, "ok", None) is None:
+                continue
+            t = ph.on_result(e.ok, e.t_ns, e.rtt_ns, e.since_ok_ns)
+            if t and t[1].value == "DOWN":
+                down = e.t_ns
+        assert down is not None, me
+        assert down == last_ok + 30 * MS, (me, (down - last_ok) / MS)  # BFD's detection time after the last proof
+        assert down - t_cut <= 31 * MS, (me, (down - t_cut) / MS)
+    # the wire comes back: h1's confirm/regular probes and h0's acks bring both sides back
+    w.cut = False
+    _run(probers, clock, w, clock[0] + 200 * MS)
+    assert events["h0"][-1].ok and any(e.ok for e in events["h1"][-5:])
+
+
+def test_replayed_request_proves_nothing():
+    probers, events, clock, w = _pair()
+    h1 = probers["h1"]
+    _run(probers, clock, w, clock[0] + 200 * MS)
+    sent = []
+    w.queue.clear()
+    # capture one of h0's requests, then replay it to h1 later
+    h0 = probers["h0"]
+    clock[0] = h0.schedule.next_tick_ns
+    for s in h0.schedule.poll(clock[0]):
+        h0._send(s, clock[0])
+    src, req = w.queue.pop(0)
+    h1.on_datagram(req, ("198.18.0.1", 7472))
+    n = h1.counters["passive_ok"]
+    for _ in range(3):
+        h1.on_datagram(req, ("198.18.0.1", 7472))  # answered (stateless) but no proof
+    assert h1.counters["passive_ok"] == n
