@@ -6,6 +6,8 @@
     linkpass demo [--hosts 2] [--rails 2] [--steps N] [--json FILE]
     linkpass topology [--sysfs-root DIR] [--from FILE ...] [--json] [--matrix]
     linkpass topology capture --out DIR
+    linkpass nccl-env [--local-rank N | --gpu N] [--format shell|json|env-file]
+    linkpass exec [--local-rank N] -- CMD ARGS...
 
 Exit codes: 0 success, 1 runtime failure, 2 bad input (config, arguments), 3 daemon not reachable.
 """
@@ -155,6 +157,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     register_bench(sub)
 
+    from linkpass.nccl_cli import register as register_nccl
+
+    register_nccl(sub)
+
     d = sub.add_parser("demo", help="fabric + daemons + a gloo training job that keeps training through a rail cut")
     d.add_argument("--hosts", type=int, default=2)
     d.add_argument("--rails", type=int, default=2)
@@ -162,6 +168,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--json", metavar="FILE", help="write the result as JSON")
     d.add_argument("--name", default="lpdemo", help="fabric name (default lpdemo)")
     d.add_argument("--mode", default="carrier-loss", help="cut mode: carrier-loss (default) or admin-down")
+    d.add_argument("--scenario", default="reroute", choices=["reroute", "rebuild"],
+                   help="reroute (default): kernel routes carry the job around the cut; rebuild: no route changes "
+                   "(reroute = notify-only), the torch hook rebuilds the job's process group on another rail")
     d.add_argument("--keep-logs", action="store_true", help="keep the work directory (daemon and trainer logs) after a successful run")
     d.set_defaults(func=cmd_demo)
     return p

@@ -44,6 +44,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictInt, V
 DEFAULT_ROUTE_PROTOCOL = 201
 DEFAULT_CONTROL_SOCKET = "/run/linkpass/linkpass.sock"
 DEFAULT_NOTICE_PORT = 7471
+DEFAULT_NCCL_ENV_FILE = "/run/linkpass/nccl.env"
 
 
 def _ip_from_text(v: object) -> object:
@@ -78,6 +79,12 @@ class DaemonSection(_Strict):
         "by /32 routes over a healthy rail.",
     )
     host_ip: IPv4 | None = Field(None, description="Host IP (required in host-ip mode).")
+    reroute: Literal["kernel", "notify-only"] = Field(
+        "kernel",
+        description="kernel: install the planned routes. notify-only: the engine still plans and "
+        "torch hooks still get every notice, but no kernel route is changed (the hooks move the "
+        "job's traffic by rebuilding its process group).",
+    )
     control_socket: str = Field(DEFAULT_CONTROL_SOCKET, description="Unix socket for `linkpass status`.")
     route_protocol: StrictInt = Field(DEFAULT_ROUTE_PROTOCOL, ge=5, le=255, description="rtm_protocol tag of our routes.")
     route_table: StrictInt = Field(254, ge=1, le=2**31 - 1, description="Routing table for our routes (254 = main).")
@@ -174,6 +181,39 @@ class TopologySection(_Strict):
     exclude_nics: list[str] = Field(default_factory=list, description="NICs never to treat as compute rails.")
 
 
+class NcclSection(_Strict):
+    """The ``[nccl]`` table: the NCCL environment linkpass derives from the topology and rail
+    health (``linkpass nccl-env``, ``linkpass exec``, and the file the daemon rewrites on every
+    plan change).  See :mod:`linkpass.core.nccl_env` for what each variable is."""
+
+    env_file: str = Field(DEFAULT_NCCL_ENV_FILE, min_length=1, description="File the daemon rewrites (atomically) "
+                          "with the host-wide NCCL environment on every plan change (KEY=VALUE lines, usable as systemd "
+                          "EnvironmentFile= and docker --env-file).")
+    write_env_file: bool = Field(True, description="Write env_file at all.")
+    rails_joined_by_spine: bool = Field(False, description="The rail switches are joined by a spine, so a NIC on one rail "
+                                        "can reach a peer's NIC on another rail (decides NCCL_CROSS_NIC).")
+    ib_resiliency: bool = Field(True, description="Set NCCL's own IB port failover (NCCL >= 2.29.7) and port recovery "
+                                "(>= 2.30) variables when the NCCL version has them.")
+    version: str = Field("", description='NCCL version of the jobs, e.g. "2.29.7"; "" = detect it from the installed '
+                         "nvidia-nccl-cu* Python package, else assume 2.30.0.")
+
+    @field_validator("version")
+    @classmethod
+    def _version_shape(cls, v: str) -> str:
+        if v and not re.match(r"^v?\d+\.\d+(\.\d+)?([-+][0-9A-Za-z.+-]*)?$", v.strip()):
+            raise ValueError(f"must be MAJOR.MINOR[.PATCH] like \"2.29.7\" (or \"\" to detect), got {v!r}")
+        return v.strip()
+
+
+class HooksSection(_Strict):
+    """The ``[hooks]`` table: the unix socket torch hooks (``torch_hooks.client``) connect to."""
+
+    enabled: bool = Field(True, description="Serve torch hooks.")
+    socket: str | None = Field(None, description="Socket path; default: beside control_socket, "
+                               "<name>.hooks.sock (/run/linkpass/linkpass.sock -> /run/linkpass/linkpass.hooks.sock).")
+    max_clients: StrictInt = Field(1024, ge=1, le=65536, description="Connections beyond this are refused.")
+
+
 class Config(_Strict):
     """The whole validated configuration."""
 
@@ -183,6 +223,8 @@ class Config(_Strict):
     topology: TopologySection = Field(default_factory=TopologySection)
     probe: ProbeSection = Field(default_factory=ProbeSection)
     damping: DampingSection = Field(default_factory=DampingSection)
+    hooks: HooksSection = Field(default_factory=HooksSection)
+    nccl: NcclSection = Field(default_factory=NcclSection)
 
     @property
     def auto(self) -> bool:

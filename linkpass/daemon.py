@@ -24,6 +24,8 @@ import socket
 import time
 from pathlib import Path
 
+from linkpass.adapters.hook_server import HookServer, PlanState, default_socket_path
+from linkpass.adapters.nccl_file import NcclEnvFile
 from linkpass.adapters.netlink import NetlinkMonitor
 from linkpass.adapters.notices import NoticeService
 from linkpass.adapters.probe_filter import ProbeFilter
@@ -31,7 +33,7 @@ from linkpass.adapters.prober import Prober
 from linkpass.adapters.routes import RouteActuator
 from linkpass.config import Config, ConfigError, load_config, read_key_file
 from linkpass.core.engine import Engine
-from linkpass.core.model import ApplyRoutes, LinkChanged, RefreshNeighbors, SendNotice, SetTimer, Tick
+from linkpass.core.model import ApplyRoutes, LinkChanged, RefreshNeighbors, RoutesApplied, SendNotice, SetTimer, Tick
 
 log = logging.getLogger("linkpass.daemon")
 
@@ -57,9 +59,11 @@ class Daemon:
         self.source_cfg = cfg
         self.autoconf_notes: list[str] = []
         self.autoconf_warnings: list[str] = []
+        self.nccl_topology = None  # the analysed topology discovery gave (auto mode), for the NCCL env file
         if cfg.auto:
             cfg = self._resolve(cfg)
         self.cfg = cfg
+        self.nccl_file = NcclEnvFile(cfg, self.nccl_topology)
         self.queue: asyncio.Queue = asyncio.Queue()
         self.engine = Engine(cfg)
         try:
@@ -75,6 +79,11 @@ class Daemon:
         self.prober = Prober(cfg, self.key, self.probe_filter) if (self.key and cfg.probe.enabled) else None
         if cfg.probe.enabled and not self.key:
             log.warning("probing needs notice_key_file (probes are authenticated with it): probes are disabled")
+        # torch hooks (torch_hooks.client): registrations in, a notice per plan generation out
+        self.hooks = HookServer(cfg.hooks.socket or default_socket_path(cfg.daemon.control_socket), cfg.daemon.host,
+                                [p.name for p in cfg.peers], self.prober.set_priority_peers if self.prober else None,
+                                cfg.hooks.max_clients) if cfg.hooks.enabled else None
+        self.routes_skipped = 0
         self._timer: asyncio.TimerHandle | None = None
         self._stop = asyncio.Event()
         self._server: asyncio.AbstractServer | None = None
@@ -98,6 +107,7 @@ class Daemon:
         topo = discover(t.sysfs_root, use_netlink=True, use_nvml=(t.sysfs_root in ("/", "")))
         override = {n: True for n in t.compute_nics} | {n: False for n in t.exclude_nics}
         doc = to_json(analyse(topo, override))
+        self.nccl_topology = topo
         peers_text = None
         if t.peers_file:
             try:
@@ -122,7 +132,18 @@ class Daemon:
     def _dispatch(self, actions) -> None:
         for a in actions:
             if isinstance(a, ApplyRoutes):
-                self.routes.submit(a)
+                if self.cfg.daemon.reroute == "kernel":
+                    self.routes.submit(a)
+                else:  # notify-only: planned and recorded, never put in the kernel
+                    self.routes_skipped += 1
+                    log.debug("reroute = notify-only: routes of generation %d not applied (%s)", a.generation, a.reason)
+                    self.queue.put_nowait(RoutesApplied(a.generation, time.monotonic_ns()))
+                self.nccl_file.plan_changed(a.generation, lambda: self.engine.status(time.monotonic_ns()))
+                if self.hooks and a.generation > self.hooks.generation:
+                    e = self.engine
+                    self.hooks.publish(PlanState(a.generation, frozenset(r.id for r in self.cfg.rails), e.local_usable(),
+                                                 {p.name: e.peer_usable.get(p.name) for p in self.cfg.peers}, a.reason,
+                                                 time.monotonic_ns()))
             elif isinstance(a, SendNotice):
                 if self.notices:
                     self.notices.submit(a)
@@ -162,8 +183,12 @@ class Daemon:
         if self.source_cfg.auto:
             st["topology"] = {"rails": "auto", "sysfs_root": self.source_cfg.topology.sysfs_root, "notes": self.autoconf_notes}
             st["warnings"] = st["warnings"] + self.autoconf_warnings
+        st["reroute"] = self.cfg.daemon.reroute
+        if self.hooks:
+            st["hooks"] = self.hooks.status()
         st["counters"] = {
             "events_handled": self.events_handled,
+            "routes_skipped_notify_only": self.routes_skipped,
             "netlink_resyncs": self.monitor.resyncs,
             "netlink_overruns": self.monitor.overruns,
             "netlink_bad_messages": self.monitor.bad_messages,
@@ -269,9 +294,12 @@ class Daemon:
         if self.prober and key:
             self.prober.reconfigure(cfg, key)
         self.probe_filter.reconfigure(cfg)
+        if self.hooks:
+            self.hooks.reconfigure(cfg.daemon.host, [p.name for p in cfg.peers])
         logging.getLogger("linkpass").setLevel(cfg.daemon.log_level.upper())
         self._tune_rails()
         log.info("config reloaded from %s", self.config_path)
+        self.nccl_file.reconfigure(cfg, self.nccl_topology if self.source_cfg.auto else None)
         self._dispatch(self.engine.reconfigure(cfg, time.monotonic_ns()))
 
     # ------------------------------------------------------------------ run
@@ -308,6 +336,11 @@ class Daemon:
                 raise StartError(f"probe.port {self.cfg.probe.port}: cannot listen: {e.strerror or e}"
                                  " (another linkpass daemon in this network namespace?)") from None
         await self._start_control(path)
+        if self.hooks:
+            try:
+                await self.hooks.start()
+            except OSError as e:
+                raise StartError(f"hooks socket {self.hooks.path}: cannot listen: {e.strerror or e}") from None
         self._tune_rails()
         if self.notices:
             self._supervise("notice-refresh", self.notices.refresh_loop())
@@ -333,6 +366,8 @@ class Daemon:
             await self.prober.close()
         if self._server:
             self._server.close()
+        if self.hooks:
+            await self.hooks.close()
         try:
             Path(self.cfg.daemon.control_socket).unlink()
         except OSError:

@@ -12,6 +12,12 @@ initial weights, each rank's synthetic batch at each step, and the reduction (gr
 flattened into one tensor and all-reduced as a sum, then divided by the world size), so a run
 that survives a rail cut must end with bit-identical weights to a fault-free run.
 
+With ``--hook`` (``linkpass demo --scenario rebuild``) each step runs under
+:class:`torch_hooks.guard.LinkPassGuard`: the TCPStore is at ``--master-addr``, the gloo group
+is bound to ``--rail``'s interface (``--rail-ifaces``), and on a link-fault notice from the
+local daemon it is rebuilt on another rail and the step replayed; ``rebuilds`` in the output
+lists what the guard did.
+
 Output (``--out``), JSON: ``{"rank", "world_size", "steps", "steps_done", "step_ms": [...],
 "step_end_ns": [...], "errors": [...], "weights_sha256", "loss_first", "loss_last"}``.
 Progress (``--progress``): the number of finished steps, rewritten after each step.
@@ -49,6 +55,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--progress", help="file to rewrite with the finished step count")
     p.add_argument("--out", required=True)
     p.add_argument("--timeout-s", type=float, default=60.0)
+    p.add_argument("--hook", action="store_true", help="run each step under torch_hooks.guard.LinkPassGuard "
+                   "(store at --master-addr, process group on --rail's interface, rebuilt on link faults)")
+    p.add_argument("--rail-ifaces", default="", help="RAIL=IFACE,... for the guard, in order of preference")
+    p.add_argument("--rail", type=int, default=0, help="rail of the first process group (with --hook)")
+    p.add_argument("--hooks-socket", help="the local daemon's hooks socket (with --hook)")
+    p.add_argument("--peers", default="", help="daemon host names of the other ranks, comma-separated (with --hook)")
     a = p.parse_args(argv)
     if a.iface:
         os.environ["GLOO_SOCKET_IFNAME"] = a.iface
@@ -59,31 +71,50 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
     result = {"rank": a.rank, "world_size": a.world_size, "steps": a.steps, "steps_done": 0, "step_ms": [], "step_end_ns": [], "errors": []}
-    dist.init_process_group("gloo", init_method=f"tcp://{a.master_addr}:{a.master_port}", rank=a.rank,
-                            world_size=a.world_size, timeout=datetime.timedelta(seconds=a.timeout_s))
+    guard = None
+    if a.hook:
+        from torch_hooks.guard import LinkPassGuard
+
+        store = dist.TCPStore(a.master_addr, a.master_port, a.world_size, a.rank == 0, timeout=datetime.timedelta(seconds=a.timeout_s))
+        ifaces = {int(k): v for k, v in (kv.split("=", 1) for kv in a.rail_ifaces.split(",") if kv)}
+    else:
+        dist.init_process_group("gloo", init_method=f"tcp://{a.master_addr}:{a.master_port}", rank=a.rank,
+                                world_size=a.world_size, timeout=datetime.timedelta(seconds=a.timeout_s))
     torch.manual_seed(a.seed)
     model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10))
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     target_w = torch.randn(64, 10, generator=torch.Generator().manual_seed(a.seed + 1))
     params = [q for q in model.parameters()]
+    if a.hook:
+        guard = LinkPassGuard(store, a.rank, a.world_size, rails=ifaces, rail=a.rail, state=[model, opt], job="demo",
+                              peers=[x for x in a.peers.split(",") if x], hooks_socket=a.hooks_socket,
+                              timeout=datetime.timedelta(seconds=a.timeout_s))
+
+    def train_step(step: int):
+        g = torch.Generator().manual_seed(a.seed * 100_003 + step * 131 + a.rank)
+        x = torch.randn(128, 64, generator=g)
+        y = (x @ target_w).argmax(dim=1)
+        opt.zero_grad(set_to_none=False)
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        flat = torch.cat([q.grad.reshape(-1) for q in params])
+        if guard is not None:
+            guard.all_reduce(flat)
+        else:
+            dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+        flat /= a.world_size
+        off = 0
+        for q in params:
+            n = q.numel()
+            q.grad.copy_(flat[off:off + n].view_as(q))
+            off += n
+        opt.step()
+        return loss
+
     try:
         for step in range(a.steps):
             t0 = time.monotonic_ns()
-            g = torch.Generator().manual_seed(a.seed * 100_003 + step * 131 + a.rank)
-            x = torch.randn(128, 64, generator=g)
-            y = (x @ target_w).argmax(dim=1)
-            opt.zero_grad(set_to_none=False)
-            loss = torch.nn.functional.cross_entropy(model(x), y)
-            loss.backward()
-            flat = torch.cat([q.grad.reshape(-1) for q in params])
-            dist.all_reduce(flat, op=dist.ReduceOp.SUM)
-            flat /= a.world_size
-            off = 0
-            for q in params:
-                n = q.numel()
-                q.grad.copy_(flat[off:off + n].view_as(q))
-                off += n
-            opt.step()
+            loss = guard.step(train_step, step) if guard is not None else train_step(step)
             t1 = time.monotonic_ns()
             result["step_ms"].append((t1 - t0) / 1e6)
             result["step_end_ns"].append(t1)
@@ -97,6 +128,10 @@ def main(argv: list[str] | None = None) -> int:
                 time.sleep(a.step_sleep_ms / 1000)
     except Exception as e:  # a failed collective ends the run; the demo reports steps lost
         result["errors"].append(f"step {result['steps_done']}: {type(e).__name__}: {e}")
+        result["error_t_ns"] = time.monotonic_ns()
+    if guard is not None:
+        result["rebuilds"] = guard.events
+        guard.close()
     h = hashlib.sha256()
     for q in params:
         h.update(q.detach().contiguous().numpy().tobytes())

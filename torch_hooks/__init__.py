@@ -1,5 +1,11 @@
 """In-process companion for PyTorch training jobs.
 
-Nothing lives here yet: issue 5 builds the daemon client and guard. Issue 2's demo job
-(linkpass.demo_train) needs no hook: host-IP routes keep its gloo TCP traffic flowing.
+* :mod:`torch_hooks.protocol`: the hook protocol (pure; shared with the daemon's
+  ``linkpass/adapters/hook_server.py``).
+* :mod:`torch_hooks.client`: :class:`~torch_hooks.client.DaemonClient`, the daemon client
+  (no torch import): registers the rank, keeps the newest plan notice, reconnects.
+* :mod:`torch_hooks.guard`: :class:`~torch_hooks.guard.LinkPassGuard`, the abortable,
+  rebuildable process group around the training step (imports torch).
+
+Nothing here imports torch at package level: ``import torch_hooks.guard`` does.
 """

@@ -129,3 +129,19 @@ def test_topology_pure_parts_import_nothing_with_side_effects(rel):
 def test_torch_hooks_imports_no_torch_at_package_level():
     src = (TOPOLOGY.parent / "torch_hooks" / "__init__.py").read_text(encoding="utf-8")
     assert violations(src, "torch_hooks/__init__.py") == []
+
+
+# torch_hooks client/plan parts: no torch and no other side-effect library (the client may use
+# socket/threading/time: it is an I/O edge, but it must load in a process without torch);
+# protocol.py is pure (the daemon's hook_server imports it too).
+HOOKS_CLIENT_FORBIDDEN = {"asyncio", "pyroute2", "torch", "pynvml", "pyverbs", "aiomqtt", "prometheus_client",
+                          "subprocess", "torch_hooks.guard", "linkpass"}
+
+
+@pytest.mark.parametrize("rel,forbidden", [("client.py", HOOKS_CLIENT_FORBIDDEN),
+                                           ("protocol.py", HOOKS_CLIENT_FORBIDDEN | {"socket", "time", "os", "threading"})])
+def test_torch_hooks_client_parts_import_no_torch(rel, forbidden):
+    src = (TOPOLOGY.parent / "torch_hooks" / rel).read_text(encoding="utf-8")
+    bad = [f"{rel}:{line}: imports {mod}" for line, mod in imported_modules(ast.parse(src, rel))
+           for f in forbidden if mod == f or mod.startswith(f + ".")]
+    assert bad == []

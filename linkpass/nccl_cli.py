@@ -1,0 +1,291 @@
+"""`linkpass nccl-env` and `linkpass exec`: the NCCL environment for a process on this host.
+
+    linkpass nccl-env [--local-rank N | --gpu N] [--format shell|json|env-file]
+                      [--config FILE] [--socket PATH | --no-daemon]
+                      [--sysfs-root DIR | --from FILE ...] [--no-live] [--nccl-version X.Y.Z]
+                      [--rails-joined-by-spine | --no-rails-joined-by-spine]
+    linkpass exec [--local-rank N] [same options] -- CMD ARGS...
+
+The topology comes from the live host (sysfs, netlink, NVML), a captured sysfs tree
+(``--sysfs-root``) or captured tool outputs (``--from``), exactly as ``linkpass topology`` reads
+them.  Rail health comes from the daemon's control socket (``--socket``, else the config's
+``control_socket``, else ``/run/linkpass/linkpass.sock``); without an answering daemon the
+topology's port and link states are used and stderr says that health is unknown.
+
+``--local-rank N`` maps a torchrun-style local rank to a GPU through ``CUDA_VISIBLE_DEVICES``
+(:func:`linkpass.core.nccl_env.gpu_for_local_rank`); ``exec`` takes ``LOCAL_RANK`` from the
+environment when the flag is not given.  ``exec`` replaces itself (``os.execvpe``) with CMD,
+whose environment is the current one plus the computed variables.
+
+Exit codes: 0 ok; 1 the environment cannot be right (no healthy compute port: the error is
+printed, and ``exec`` does not run CMD); 2 bad input (arguments, config, topology, GPU, a missing
+or unrunnable command), one line on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from linkpass.core.nccl_env import (
+    FORMATS,
+    NcclEnv,
+    NcclEnvError,
+    NcclOptions,
+    compute,
+    gpu_for_local_rank,
+    health_from_status,
+    parse_nccl_version,
+)
+
+
+class _BadInput(Exception):
+    """One line for stderr, exit 2."""
+
+
+def _nonneg(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"{v} is negative")
+    return v
+
+
+def _one_line_errors(p: argparse.ArgumentParser, prog: str) -> None:
+    def error(message: str):
+        print(f"{prog}: {message} (see `{prog} --help`)", file=sys.stderr)
+        sys.exit(2)
+
+    p.error = error  # type: ignore[method-assign]
+
+
+def _check_sysfs_root(root: str) -> None:
+    p = Path(root)
+    if not p.is_dir():
+        raise _BadInput(f"--sysfs-root {root}: {'not a directory' if p.exists() else 'no such directory'}")
+    if not any((p / "sys" / sub).is_dir() for sub in ("bus/pci/devices", "class/net", "class/infiniband")):
+        raise _BadInput(f"--sysfs-root {root}: not a captured sysfs tree (no sys/bus/pci/devices, sys/class/net or "
+                        "sys/class/infiniband under it); make one with `linkpass topology capture --out DIR`")
+
+
+def _config(args):
+    if not args.config:
+        return None
+    from linkpass.config import ConfigError, load_config
+
+    try:
+        return load_config(args.config)
+    except ConfigError as e:
+        raise _BadInput(str(e)) from None
+
+
+def _topology(args, cfg):
+    """The analysed topology, and warnings about reading it."""
+    from topology.affinity import analyse
+    from topology.model import merge
+
+    t = cfg.topology if cfg else None
+    override = ({n: True for n in t.compute_nics} | {n: False for n in t.exclude_nics}) if t else {}
+    sysfs_root = args.sysfs_root or (t.sysfs_root if t and t.sysfs_root not in ("", "/") and not args.from_files else None)
+    parts = []
+    if sysfs_root:
+        _check_sysfs_root(sysfs_root)
+    if args.from_files:
+        from topology.importers import parse_file
+
+        parts += [parse_file(f) for f in args.from_files]
+        if not any(p.gpus or p.nics for p in parts):
+            why = "; ".join(w for p in parts for w in p.warnings) or "no GPU or NIC in them"
+            raise _BadInput(f"--from: nothing could be read from the files given ({why})")
+    if sysfs_root or not args.from_files:
+        from topology.live import discover
+
+        live = not sysfs_root and not args.no_live
+        parts.append(discover(sysfs_root or "/", use_netlink=live, use_nvml=live))
+    return analyse(merge(parts), override)
+
+
+def _health(args, cfg, prog: str):
+    """(Health or None, the socket asked)."""
+    if args.no_daemon:
+        return None, None
+    from linkpass.config import DEFAULT_CONTROL_SOCKET
+    from linkpass.fabric.cluster import ask_socket
+
+    path = args.socket or (cfg.daemon.control_socket if cfg else DEFAULT_CONTROL_SOCKET)
+    try:
+        st = ask_socket(path, "status", timeout=3.0)
+    except FileNotFoundError:
+        why = "no such socket"
+    except PermissionError:
+        why = "permission denied (the control socket is for root and group, mode 0660)"
+    except OSError as e:
+        why = e.strerror or str(e) or type(e).__name__
+    except ValueError as e:
+        why = f"its reply is not JSON ({e})"
+    else:
+        try:
+            return health_from_status(st), path
+        except NcclEnvError as e:
+            why = str(e)
+    print(f"{prog}: health unknown: no usable answer from a daemon on {path} ({why}); using the topology's port "
+          "and link states only", file=sys.stderr)
+    return None, path
+
+
+def _options(args, cfg) -> NcclOptions:
+    n = cfg.nccl if cfg else None
+    spine = args.rails_joined_by_spine if args.rails_joined_by_spine is not None else (n.rails_joined_by_spine if n else False)
+    resil = n.ib_resiliency if n else True
+    text = args.nccl_version or (n.version if n else "")
+    if text:
+        try:
+            version = parse_nccl_version(text)
+        except NcclEnvError as e:
+            raise _BadInput(f"--nccl-version: {e}" if args.nccl_version else f"{args.config}: nccl.version: {e}") from None
+    else:
+        from linkpass.adapters.nccl_file import detect_nccl_version
+
+        version, _ = detect_nccl_version()
+    return NcclOptions(spine, resil, version)
+
+
+def build(args, prog: str, local_rank: int | None) -> NcclEnv:
+    """Compute the environment the arguments ask for.
+
+    Raises:
+        _BadInput: a bad config, topology, version or GPU.
+    """
+    cfg = _config(args)
+    options = _options(args, cfg)
+    topo = _topology(args, cfg)
+    health, _ = _health(args, cfg, prog)
+    try:
+        gpu = args.gpu
+        if local_rank is not None:
+            gpu = gpu_for_local_rank(local_rank, os.environ.get("CUDA_VISIBLE_DEVICES"), topo)
+        return compute(topo, health, gpu, options, cfg.daemon.host if cfg else "")
+    except NcclEnvError as e:
+        raise _BadInput(str(e)) from None
+
+
+def _report(env: NcclEnv, prog: str) -> None:
+    for w in env.warnings:
+        print(f"{prog}: warning: {w}", file=sys.stderr)
+    for e in env.errors:
+        print(f"{prog}: ERROR: {e}", file=sys.stderr)
+
+
+def cmd_nccl_env(args) -> int:
+    prog = "linkpass nccl-env"
+    try:
+        env = build(args, prog, args.local_rank)
+    except _BadInput as e:
+        print(f"{prog}: {e}", file=sys.stderr)
+        return 2
+    sys.stdout.write(env.render(args.format))
+    _report(env, prog)
+    return 1 if env.errors else 0
+
+
+def _local_rank_from_env(args) -> int | None:
+    if args.local_rank is not None:
+        return args.local_rank
+    raw = os.environ.get("LOCAL_RANK")
+    if raw is None or raw == "":
+        return None
+    try:
+        return _nonneg(raw)
+    except argparse.ArgumentTypeError as e:
+        raise _BadInput(f"LOCAL_RANK in the environment: {e}") from None
+
+
+def cmd_exec(args) -> int:
+    prog = "linkpass exec"
+    cmd = list(args.cmd)
+    if cmd and cmd[0] == "--":
+        cmd = cmd[1:]
+    if not cmd:
+        print(f"{prog}: no command given; usage: linkpass exec [--local-rank N] -- CMD ARGS...", file=sys.stderr)
+        return 2
+    try:
+        env = build(args, prog, _local_rank_from_env(args))
+    except _BadInput as e:
+        print(f"{prog}: {e}", file=sys.stderr)
+        return 2
+    _report(env, prog)
+    if env.errors:
+        print(f"{prog}: not running {cmd[0]}: the NCCL environment cannot be right (see the error above)", file=sys.stderr)
+        return 1
+    new = dict(os.environ)
+    for k, v in env.env.items():
+        if k in new and new[k] != v:
+            print(f"{prog}: {k}={v} replaces {k}={new[k]} from the environment", file=sys.stderr)
+        new[k] = v
+    if env.generation is not None:
+        new["LINKPASS_NCCL_GENERATION"] = str(env.generation)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        os.execvpe(cmd[0], cmd, new)
+    except FileNotFoundError:
+        print(f"{prog}: {cmd[0]}: command not found", file=sys.stderr)
+    except PermissionError:
+        print(f"{prog}: {cmd[0]}: permission denied (not executable?)", file=sys.stderr)
+    except OSError as e:
+        print(f"{prog}: {cmd[0]}: cannot run it: {e.strerror or e}", file=sys.stderr)
+    return 2
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", metavar="FILE", help="daemon config: its control socket, [topology] and [nccl] options")
+    d = p.add_mutually_exclusive_group()
+    d.add_argument("--socket", metavar="PATH", help="the daemon's control socket (default: the config's, else "
+                   "/run/linkpass/linkpass.sock)")
+    d.add_argument("--no-daemon", action="store_true", help="do not ask a daemon: health from the topology only")
+    t = p.add_mutually_exclusive_group()
+    t.add_argument("--sysfs-root", metavar="DIR", help="read a captured sysfs tree instead of the live host")
+    t.add_argument("--from", dest="from_files", nargs="+", metavar="FILE", default=[],
+                   help="captured tool outputs, as `linkpass topology --from` takes them")
+    p.add_argument("--no-live", action="store_true", help="do not ask netlink or NVML (sysfs only)")
+    p.add_argument("--nccl-version", metavar="X.Y.Z", help="the job's NCCL version (default: [nccl] version, else the "
+                   "installed nvidia-nccl-cu* package, else 2.30.0 is assumed)")
+    p.add_argument("--rails-joined-by-spine", action=argparse.BooleanOptionalAction, default=None,
+                   help="whether a spine joins the rails (default: [nccl] rails_joined_by_spine, else no)")
+
+
+def register(subparsers) -> None:
+    """Add the ``nccl-env`` and ``exec`` sub-commands to the ``linkpass`` parser."""
+    p = subparsers.add_parser("nccl-env", help="print the NCCL environment (healthy HCAs, interfaces, GID index, "
+                              "cross-NIC, port failover) for a process on this host")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--local-rank", type=_nonneg, metavar="N", help="local rank (GPU through CUDA_VISIBLE_DEVICES)")
+    g.add_argument("--gpu", type=_nonneg, metavar="N", help="GPU index (nvidia-smi numbering)")
+    p.add_argument("--format", choices=FORMATS, default="shell",
+                   help="shell: export lines (default); env-file: KEY=VALUE lines; json: variables plus metadata")
+    _common(p)
+    p.set_defaults(func=cmd_nccl_env)
+    _one_line_errors(p, "linkpass nccl-env")
+
+    e = subparsers.add_parser("exec", help="run a command with the NCCL environment added (for torchrun and other launchers)")
+    e.add_argument("--local-rank", type=_nonneg, metavar="N", help="local rank (default: LOCAL_RANK from the environment)")
+    _common(e)
+    e.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ARGS", help="the command and its arguments")
+    e.set_defaults(func=cmd_exec, gpu=None)
+    _one_line_errors(e, "linkpass exec")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Stand-alone entry (``python -m linkpass.nccl_cli nccl-env ...``), same as ``linkpass``."""
+    p = argparse.ArgumentParser(prog="linkpass")
+    register(p.add_subparsers(dest="command", required=True))
+    args = p.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,315 @@
+"""LinkPassGuard with real torch.distributed (gloo, CPU) in real processes: 2 ranks on loopback.
+
+The daemon is played by a small thread server per rank speaking torch_hooks.protocol (the real
+daemon side is tested in test_hook_server.py and the fabric integration test).  Both "rails"
+are the loopback interface here: what is checked is the guard's lifecycle (abort, agree,
+rebuild, replay), not the routing.
+
+Run as a script, this file is the training worker the tests start.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from torch_hooks import protocol as proto  # noqa: E402
+
+
+# --------------------------------------------------------------------------- the worker
+
+
+def worker(argv: list[str]) -> int:
+    import argparse
+    import datetime
+    import logging
+
+    import torch
+    import torch.distributed as dist
+
+    from torch_hooks.guard import LinkPassGuard
+
+    p = argparse.ArgumentParser()
+    p.add_argument("--rank", type=int)
+    p.add_argument("--port", type=int)
+    p.add_argument("--socket")
+    p.add_argument("--steps", type=int)
+    p.add_argument("--out")
+    p.add_argument("--progress")
+    p.add_argument("--pause", default="", help="STEP:SECONDS pause before the collective of that step")
+    p.add_argument("--no-daemon", action="store_true")
+    a = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s rank" + str(a.rank) + " %(name)s %(message)s")
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+    store = dist.TCPStore("127.0.0.1", a.port, 2, a.rank == 0, timeout=datetime.timedelta(seconds=30))
+    torch.manual_seed(7)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    pause_step, pause_s = (int(a.pause.split(":")[0]), float(a.pause.split(":")[1])) if a.pause else (-1, 0.0)
+    peer = "h1" if a.rank == 0 else "h0"
+    guard = LinkPassGuard(store, a.rank, 2, rails={0: "lo", 1: "lo"}, rail=0, state=[model, opt], job="t",
+                          peers=[peer], hooks_socket=a.socket, connect=not a.no_daemon, on_unmovable="raise",
+                          timeout=datetime.timedelta(seconds=20), error_grace_s=3.0)
+    params = list(model.parameters())
+    paused = set()
+
+    def train_step(step: int) -> float:
+        g = torch.Generator().manual_seed(1000 * step + a.rank)
+        x = torch.randn(32, 16, generator=g)
+        y = torch.randint(0, 4, (32,), generator=g)
+        opt.zero_grad(set_to_none=False)
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        flat = torch.cat([q.grad.reshape(-1) for q in params])
+        if step == pause_step and step not in paused:
+            paused.add(step)
+            time.sleep(pause_s)
+        guard.all_reduce(flat)
+        flat /= 2
+        off = 0
+        for q in params:
+            q.grad.copy_(flat[off:off + q.numel()].view_as(q))
+            off += q.numel()
+        opt.step()
+        return loss.item()
+
+    for step in range(a.steps):
+        guard.step(train_step, step)
+        Path(a.progress).write_text(str(step + 1))
+        time.sleep(0.02)
+    h = hashlib.sha256()
+    for q in params:
+        h.update(q.detach().numpy().tobytes())
+    counters = dict(guard.client.counters) if guard.client else {}
+    Path(a.out).write_text(json.dumps({"sha": h.hexdigest(), "events": guard.events, "steps": guard.step_index,
+                                       "epoch": guard.epoch, "rail": guard.rail, "client": counters}))
+    guard.close()
+    return 0
+
+
+if __name__ == "__main__" and len(sys.argv) > 1 and sys.argv[1] == "worker":
+    sys.exit(worker(sys.argv[2:]))
+
+
+# --------------------------------------------------------------------------- fake daemon
+
+
+class FakeDaemon:
+    """A hooks socket that records registrations and pushes the notices a test gives it."""
+
+    def __init__(self, path: str, host: str):
+        self.path, self.host = path, host
+        self.conns: list[socket.socket] = []
+        self.registrations: list[dict] = []
+        self.reports: list[dict] = []
+        self.instance = f"fake-{time.monotonic_ns()}"
+        self._srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._srv.bind(path)
+        self._srv.listen(8)
+        self._stop = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while not self._stop:
+            try:
+                c, _ = self._srv.accept()
+            except OSError:
+                return
+            self.conns.append(c)
+            threading.Thread(target=self._read, args=(c,), daemon=True).start()
+
+    def _read(self, c):
+        f = c.makefile("rb")
+        for line in f:
+            try:
+                m = json.loads(line)
+            except ValueError:
+                continue
+            if m.get("type") == "register":
+                self.registrations.append(m)
+                c.sendall(proto.encode({"type": "registered", "client_id": len(self.registrations), "host": self.host}))
+            elif m.get("type") == "report":
+                self.reports.append(m)
+
+    def push(self, generation: int, usable, peer_usable, rail: int = 0, peers=("h1",)):
+        reg = proto.Registration(job="t", rank=0, world_size=2, peers=tuple(peers), rail=rail)
+        msg = proto.build_notice(generation=generation, instance=self.instance, host=self.host, all_rails=[0, 1],
+                                 usable=usable, peer_usable=peer_usable, reason="test", t_ns=time.monotonic_ns(), reg=reg)
+        for c in list(self.conns):
+            try:
+                c.sendall(proto.encode(msg))
+            except OSError:
+                pass
+
+    def close(self):
+        self._stop = True
+        self._srv.close()
+        for c in self.conns:
+            try:
+                c.shutdown(socket.SHUT_RDWR)
+                c.close()
+            except OSError:
+                pass
+        self.conns = []
+        try:
+            os.unlink(self.path)
+        except OSError:
+            pass
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _launch(tmp: Path, tag: str, steps: int, pause: dict[int, str] | None = None, no_daemon: bool = False):
+    port = _free_port()
+    procs = []
+    for r in range(2):
+        argv = [sys.executable, __file__, "worker", "--rank", str(r), "--port", str(port), "--socket", str(tmp / f"h{r}.sock"),
+                "--steps", str(steps), "--out", str(tmp / f"{tag}{r}.json"), "--progress", str(tmp / f"{tag}{r}.progress")]
+        if pause and r in pause:
+            argv += ["--pause", pause[r]]
+        if no_daemon:
+            argv.append("--no-daemon")
+        procs.append(subprocess.Popen(argv, stdout=open(tmp / f"{tag}{r}.log", "w"), stderr=subprocess.STDOUT, cwd=ROOT))
+    return procs
+
+
+def _progress(tmp: Path, tag: str, r: int) -> int:
+    try:
+        return int((tmp / f"{tag}{r}.progress").read_text() or 0)
+    except (OSError, ValueError):
+        return 0
+
+
+def _wait_progress(tmp, tag, r, n, procs, timeout=60):
+    deadline = time.monotonic() + timeout
+    while _progress(tmp, tag, r) < n:
+        assert all(p.poll() in (None, 0) for p in procs), (tmp / f"{tag}{r}.log").read_text()[-3000:]
+        assert time.monotonic() < deadline, f"rank {r} stuck before step {n}: " + (tmp / f"{tag}{r}.log").read_text()[-3000:]
+        time.sleep(0.01)
+
+
+def _finish(tmp, tag, procs, timeout=90):
+    for r, p in enumerate(procs):
+        try:
+            rc = p.wait(timeout)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            raise AssertionError(f"rank {r} did not finish: " + (tmp / f"{tag}{r}.log").read_text()[-3000:])
+        assert rc == 0, (tmp / f"{tag}{r}.log").read_text()[-3000:]
+    return [json.loads((tmp / f"{tag}{r}.json").read_text()) for r in range(2)]
+
+
+torch = pytest.importorskip("torch")
+STEPS = 60
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """A fault-free run with no daemon at all: the guard trains on (and gives the reference)."""
+    tmp = tmp_path_factory.mktemp("ref")
+    res = _finish(tmp, "ref", _launch(tmp, "ref", STEPS, no_daemon=True))
+    assert res[0]["sha"] == res[1]["sha"]
+    assert res[0]["events"] == [] and res[0]["steps"] == STEPS
+    return res[0]["sha"]
+
+
+def test_guard_rebuilds_mid_collective_twice_ignores_other_rail_and_survives_daemon_restart(tmp_path, reference):
+    d0 = FakeDaemon(str(tmp_path / "h0.sock"), "h0")
+    d1 = FakeDaemon(str(tmp_path / "h1.sock"), "h1")
+    try:
+        # rank 1 dawdles 1.5 s before the collective of step 10: rank 0 is blocked in it when
+        # its daemon says the peer's rail 0 is gone
+        procs = _launch(tmp_path, "run", STEPS, pause={1: "10:1.5"})
+        _wait_progress(tmp_path, "run", 0, 10, procs)
+        time.sleep(0.3)
+        assert _progress(tmp_path, "run", 0) == 10  # rank 0 is inside step 10, waiting for rank 1
+        t_push = time.monotonic()
+        d0.push(5, usable=[0, 1], peer_usable={"h1": [1]})
+        _wait_progress(tmp_path, "run", 0, 11, procs, timeout=10)
+        # rank 0 rebuilt long before rank 1's pause (and far before the 20 s gloo timeout) ended
+        assert time.monotonic() - t_push < 5
+        # a notice about rail 0 again (the group is on rail 1 now): no rebuild
+        _wait_progress(tmp_path, "run", 0, 20, procs)
+        d1.push(3, usable=[1], peer_usable={"h0": [0, 1]})
+        # the daemon of host 1 restarts: the client reconnects and registers again
+        _wait_progress(tmp_path, "run", 1, 28, procs)
+        d1.close()
+        time.sleep(0.3)
+        d1 = FakeDaemon(str(tmp_path / "h1.sock"), "h1")
+        deadline = time.monotonic() + 5
+        while not d1.registrations and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert d1.registrations and d1.registrations[-1]["rail"] == 1
+        # rail 0 heals (host 0's daemon hears it from host 1): nothing to do
+        _wait_progress(tmp_path, "run", 0, 34, procs)
+        d0.push(6, usable=[0, 1], peer_usable={"h1": [0, 1]})
+        # second fault in a row: rail 1 breaks, rail 0 is back
+        _wait_progress(tmp_path, "run", 1, 40, procs)
+        d1.push(1, usable=[0], peer_usable={"h0": [0, 1]})
+        res = _finish(tmp_path, "run", procs)
+    finally:
+        d0.close()
+        d1.close()
+    for r in res:
+        assert r["steps"] == STEPS
+        assert r["sha"] == reference, "weights differ from the fault-free run"
+        assert [e["rail_to"] for e in r["events"]] == [1, 0], r["events"]
+        assert r["epoch"] == 2 and r["rail"] == 0
+    e0, e1 = res[0]["events"], res[1]["events"]
+    assert e0[0]["trigger"] == "notice" and e0[0]["interrupted_step"] == 10 and e0[0]["resume_step"] == 10
+    assert e1[0]["trigger"] in ("peer", "error")  # rank 1 learnt it from rank 0 (store or failed collective)
+    assert e1[1]["trigger"] == "notice" and e0[1]["trigger"] in ("peer", "error")
+    assert all(e["rebuild_ms"] < 5000 for r in res for e in r["events"])
+    assert res[1]["client"]["connects"] >= 2  # reconnected after the restart
+    # the hooks told the daemons what they did
+    assert any(m["event"] == "rebuilt" and m["rail_to"] == 1 for m in d0.reports) or any(m["event"] == "rebuilt" for m in d1.reports)
+
+
+def test_gloo_abort_alone_leaves_the_collective_blocked_socket_shutdown_frees_it(tmp_path):
+    """The fact the guard's abort rests on (torch 2.13): ProcessGroupGloo.abort() does not
+    complete an all-reduce blocked on a silent peer; shutting its sockets down does."""
+    script = r'''
+import sys, time, datetime, torch, torch.distributed as dist
+sys.path.insert(0, sys.argv[3])
+from torch_hooks.guard import _socket_fds, _tcp_fds, _shutdown_fds
+rank, port = int(sys.argv[1]), int(sys.argv[2])
+store = dist.TCPStore("127.0.0.1", port, 2, rank == 0, timeout=datetime.timedelta(seconds=20))
+o = dist.ProcessGroupGloo._Options(); o._devices = [dist.ProcessGroupGloo.create_device(interface="lo")]
+o._timeout = datetime.timedelta(seconds=20); o._threads = 2
+before = _socket_fds(); pg = dist.ProcessGroupGloo(dist.PrefixStore("x", store), rank, 2, o); fds = _tcp_fds(before, _socket_fds())
+if rank == 1:
+    store.wait(["done"], datetime.timedelta(seconds=20)); sys.exit(0)
+w = pg.allreduce([torch.ones(8)])
+pg.abort(); time.sleep(0.5)
+after_abort = w.is_completed()
+t = time.monotonic(); n = _shutdown_fds(fds)
+while not w.is_completed() and time.monotonic() - t < 5: time.sleep(0.001)
+print(f"RESULT {after_abort} {w.is_completed()} {n} {time.monotonic() - t:.3f}", flush=True)
+store.set("done", "1")
+'''
+    port = _free_port()
+    ps = [subprocess.Popen([sys.executable, "-c", script, str(r), str(port), str(ROOT)], stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True) for r in range(2)]
+    outs = [p.communicate(timeout=60)[0] for p in ps]
+    line = next(ln for ln in outs[0].splitlines() if ln.startswith("RESULT"))
+    _, after_abort, done, n, secs = line.split()
+    assert after_abort == "False"   # abort() alone: still blocked
+    assert done == "True" and int(n) >= 1 and float(secs) < 1.0, outs[0]

@@ -1,0 +1,598 @@
+"""LinkPassGuard: keep a data-parallel job training when the rail under its process group dies.
+
+The lifecycle follows torchft's reconfigurable process group (``ProcessGroup.configure(store,
+rank, world_size)`` builds a fresh group for a new store prefix, ``abort()`` drops the old one,
+``errored()`` says whether an async error happened; torchft/process_group.py)::
+
+    import torch.distributed as dist
+    from torch_hooks.guard import LinkPassGuard
+
+    store = dist.TCPStore(master_addr, port, world_size, rank == 0)
+    guard = LinkPassGuard(store, rank, world_size, rails={0: "rail0", 1: "rail1"}, rail=0,
+                          state=[model, opt], job="llm7", peers=["gpu-node-08"])
+
+    def train_step(step):                       # the user's step, unchanged except that its
+        opt.zero_grad()                         # collectives go through the guard
+        loss = loss_fn(model(batch(step)))
+        loss.backward()
+        guard.all_reduce(flat_grads)            # instead of dist.all_reduce(flat_grads)
+        opt.step()
+        return loss
+
+    for step in range(steps):
+        loss = guard.step(train_step, step)     # never raises for a link fault it handled
+    guard.close()
+
+What happens on a link fault (a daemon notice, :mod:`torch_hooks.client`, whose affected
+rails include the rail of the current process group):
+
+1. **abort at once**: the collective in flight is abandoned (collectives are issued with
+   ``async_op`` semantics and waited in a loop that also watches notices, so nobody waits for
+   the process group timeout).  Gloo has no working abort for an operation blocked on a dead
+   peer: ``ProcessGroupGloo.abort()`` returns but the pending work stays blocked until the
+   timeout (measured with torch 2.13, see tests/unit/test_torch_hooks_guard.py), and its
+   destructor joins the worker threads, so it would block too.  The guard therefore also
+   ``shutdown(SHUT_RDWR)``s the TCP sockets the group opened (recorded when it was built), which
+   makes gloo fail the pending work with "Connection closed" within milliseconds.
+2. **agree**: every rank must rebuild, including those whose own daemon has not heard of the
+   fault yet.  The rank that saw the notice writes ``rebuild/<epoch>/req`` in the store;
+   every rank checks that key while it waits on a collective (every ``store_check_s``) and
+   after a collective error.  Each rank then writes the step it was in and the rails it may
+   use (its daemon's ``usable_common``); all ranks read all proposals and compute the same
+   answer: resume at the lowest step (a rank may be one step ahead: it finished a collective
+   whose last message never reached its peer), on the first rail of ``rails`` usable by every
+   rank (the current one if still usable).
+3. **rebuild**: a new process group for epoch N with its own store prefix
+   (``PrefixStore("linkpass/<job>/gen<N>", store)``), same ranks, the gloo device bound to the
+   chosen rail's interface (``ProcessGroupGloo.create_device(interface=...)``, the same thing
+   ``GLOO_SOCKET_IFNAME`` selects).  Daemon plan generations are per host, so the group's
+   generation is the job-wide rebuild epoch; notices' generations are reported alongside.
+4. **replay**: the model/optimizer state (``state``: objects with ``state_dict`` /
+   ``load_state_dict``) and torch's CPU RNG state are restored to what they were before the
+   step to replay, the step is run again, and training continues.  Bitwise the same result as
+   without the fault when the step is deterministic (same data for the same step index, same
+   reduction order: same ranks, same algorithm).
+
+It reports what it did to the daemon (``report``: ``rebuilt``, ``unmovable``) and logs it
+(logger ``linkpass.torch_hooks``); :attr:`events` keeps the record (timings in ms on the
+monotonic clock).
+
+**Where it cannot move in-process** (``backend="nccl"``): NCCL reads its HCA list once per
+process and never rescans (NCCL-REFERENCE.md 1.7: the ``ncclNIbDevs`` guard in
+``src/transport/net_ib/init.cc`` is never reset), so a new communicator in the same process
+would use the dead HCA again.  Unless NCCL's own port failover is configured
+(``NCCL_IB_RESILIENCY_PORT_FAILOVER=1``, NCCL >= 2.29.7, which then handles the fault inside
+its fused NIC and the guard leaves it alone), the guard aborts the communicator
+(``ProcessGroupNCCL.abort()`` -> ``ncclCommAbort``), reports ``unmovable`` to the daemon, logs
+why, and exits the process with status :data:`EXIT_MIGRATE` (75, ``EX_TEMPFAIL`` in
+sysexits.h: "try again later") for the launcher to restart the rank elsewhere (rank migration
+is a later issue).  The other ranks learn it through the store and exit with the same status.
+The same happens when no rail is usable by every rank.
+
+Requirements and limits:
+
+* the store must be reachable over a network the fault does not cut (the rendezvous store
+  normally lives on the front-end network);
+* the step must start from the restored state: it computes gradients from zero, and reads its
+  data by step index (or from a loader whose position is part of ``state``);
+* one snapshot of ``state`` per step (a clone of every tensor): fine for the demo's MLP, costly
+  for large models (there, snapshot on GPU or rely on a checkpoint instead);
+* every rank must call :meth:`step` the same number of times, with the same collectives.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime
+import json
+import logging
+import os
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from torch_hooks.client import DaemonClient
+from torch_hooks.protocol import Notice, Registration
+
+log = logging.getLogger("linkpass.torch_hooks")
+
+#: Exit status when the rank cannot continue in this process (EX_TEMPFAIL): a launcher should
+#: start it again (elsewhere, once rank migration exists).
+EXIT_MIGRATE = 75
+
+
+class LinkPassExit(SystemExit):
+    """Raised (with ``on_unmovable="raise"``) instead of exiting with :data:`EXIT_MIGRATE`;
+    ``code`` is 75 and ``reason`` says why, so an uncaught one still exits with 75."""
+
+    def __init__(self, reason: str):
+        super().__init__(EXIT_MIGRATE)
+        self.reason = reason
+
+
+class RebuildFailed(RuntimeError):
+    """The ranks could not agree on or build a new process group (store timeout, connect
+    failure, a rank more than one step ahead); the message says which."""
+
+
+class _Interrupted(BaseException):
+    """Unwinds the user's step when its process group must be dropped.  A BaseException, so a
+    step's ``except Exception`` does not swallow it; it never leaves :meth:`LinkPassGuard.step`."""
+
+    def __init__(self, trigger: str, reason: str, t_ns: int, notice: Notice | None = None):
+        super().__init__(reason)
+        self.trigger, self.reason, self.t_ns, self.notice = trigger, reason, t_ns, notice
+
+
+@dataclass
+class _Call:
+    index: int
+    fn: Callable
+    args: tuple
+    kwargs: dict
+    snapshot: Any
+
+
+def _clone(x: Any) -> Any:
+    if isinstance(x, torch.Tensor):
+        return x.detach().clone()
+    if isinstance(x, dict):
+        return type(x)((k, _clone(v)) for k, v in x.items()) if not hasattr(x, "_metadata") else _clone_od(x)
+    if isinstance(x, list):
+        return [_clone(v) for v in x]
+    if isinstance(x, tuple):
+        return tuple(_clone(v) for v in x)
+    return copy.deepcopy(x)
+
+
+def _clone_od(x):
+    out = type(x)((k, _clone(v)) for k, v in x.items())
+    out._metadata = copy.deepcopy(x._metadata)  # nn.Module.state_dict() carries version metadata
+    return out
+
+
+def _socket_fds() -> dict[int, str]:
+    """This process's open socket fds -> their ``socket:[inode]`` link text."""
+    out = {}
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            link = os.readlink(f"/proc/self/fd/{name}")
+        except OSError:
+            continue
+        if link.startswith("socket:"):
+            out[int(name)] = link
+    return out
+
+
+def _tcp_fds(before: dict[int, str], after: dict[int, str]) -> list[tuple[int, str]]:
+    """Connected TCP sockets that appeared between two snapshots (the group's connections).
+
+    Listening sockets are left out: gloo's listener thread treats a failed ``accept`` as fatal
+    (``gloo::EnforceNotMet`` in transport/tcp/listener.cc terminates the process).
+    """
+    out = []
+    for fd, link in after.items():
+        if before.get(fd) == link:
+            continue
+        try:
+            s = socket.socket(fileno=fd)
+        except OSError:
+            continue
+        try:
+            if (s.family in (socket.AF_INET, socket.AF_INET6) and s.type == socket.SOCK_STREAM
+                    and not s.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)):
+                s.getpeername()  # raises when not connected
+                out.append((fd, link))
+        except OSError:
+            pass
+        finally:
+            s.detach()  # never close gloo's fd
+    return out
+
+
+def _shutdown_fds(fds: Sequence[tuple[int, str]]) -> int:
+    """shutdown(SHUT_RDWR) each fd still holding the same socket; returns how many."""
+    n = 0
+    for fd, link in fds:
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}") != link:
+                continue  # closed (and maybe reused) since: not ours any more
+            s = socket.socket(fileno=fd)
+        except OSError:
+            continue
+        try:
+            s.shutdown(socket.SHUT_RDWR)
+            n += 1
+        except OSError:
+            pass
+        finally:
+            s.detach()
+    return n
+
+
+class LinkPassGuard:
+    """The abortable, rebuildable process group around a training step.
+
+    Args:
+        store: a ``torch.distributed.Store`` every rank reaches (TCPStore on the front-end
+            network); the guard uses keys under ``linkpass/<job>/``.
+        rank, world_size: this process's rank and the group size.
+        rails: rail id -> network interface for the gloo device (``{0: "rail0", 1: "rail1"}``),
+            in order of preference; None as interface means gloo's default device.
+        rail: the rail of the first process group.
+        state: objects with ``state_dict()``/``load_state_dict()`` (model, optimizer, a
+            scheduler...) restored before a step is replayed.
+        job: job id (store prefix, daemon registration).
+        peers: daemon host names of the other ranks' hosts (for the daemon's probes and for
+            which notices concern this rank).
+        backend: ``"gloo"`` (rebuilt in-process) or ``"nccl"`` (exits with 75, see above).
+        timeout: the process group's own timeout (gloo: per operation and for connecting).
+        rebuild_timeout_s: how long to wait for every rank's proposal in the store.
+        hooks_socket: the daemon's hooks socket (default: see :mod:`torch_hooks.client`);
+            ``connect=False`` runs without a daemon (only store requests and errors then).
+        local_rank, gpu: for the registration.
+        on_unmovable: ``"exit"`` (``os._exit(75)`` after logging and reporting) or ``"raise"``
+            (:class:`LinkPassExit`).
+        error_grace_s: after a collective error, how long to look for a rebuild request from
+            another rank before re-raising the error as not a link fault.
+        poll_s, store_check_s: how often a waiting collective checks notices / the store.
+
+    Raises:
+        ValueError: ``rail`` not in ``rails``, bad backend.
+        RuntimeError: the first process group could not be built (torch's error).
+    """
+
+    def __init__(self, store: dist.Store, rank: int, world_size: int, *, rails: Mapping[int, str | None], rail: int,
+                 state: Sequence[Any] = (), job: str = "job", peers: Sequence[str] = (), backend: str = "gloo",
+                 timeout: datetime.timedelta = datetime.timedelta(seconds=30), rebuild_timeout_s: float = 30.0,
+                 hooks_socket: str | None = None, connect: bool = True, local_rank: int | None = None,
+                 gpu: int | None = None, on_unmovable: str = "exit", error_grace_s: float = 5.0,
+                 poll_s: float = 0.005, store_check_s: float = 0.02):
+        if rail not in rails:
+            raise ValueError(f"rail {rail} is not in rails {dict(rails)}")
+        if backend not in ("gloo", "nccl"):
+            raise ValueError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
+        if on_unmovable not in ("exit", "raise"):
+            raise ValueError("on_unmovable must be 'exit' or 'raise'")
+        self.base_store = store
+        self.kv = dist.PrefixStore(f"linkpass/{job}", store)
+        self.rank, self.world_size = rank, world_size
+        self.rails = dict(rails)
+        self.state = list(state)
+        self.job, self.peers, self.backend = job, tuple(peers), backend
+        self.timeout = timeout
+        self.rebuild_timeout_s = rebuild_timeout_s
+        self.on_unmovable = on_unmovable
+        self.error_grace_s = error_grace_s
+        self.poll_s, self.store_check_s = poll_s, store_check_s
+        self.local_rank, self.gpu = local_rank, gpu
+        self.nccl_port_failover = backend == "nccl" and os.environ.get("NCCL_IB_RESILIENCY_PORT_FAILOVER") == "1"
+        self.pg: Any = None
+        self.epoch = -1
+        self.rail = rail
+        self.step_index = 0
+        self.events: list[dict] = []
+        self._error: BaseException | None = None
+        self._graveyard: list[Any] = []
+        self._pg_fds: list[tuple[int, str]] = []
+        self._prev: _Call | None = None
+        self._awaiting: dict | None = None
+        self._wake = threading.Event()
+        self._seen = 0
+        self._ignored_gen: tuple[str, int] | None = None
+        self.client: DaemonClient | None = None
+        if connect:
+            self.client = DaemonClient(self._registration(), hooks_socket, on_notice=self._on_notice).start()
+        self.configure(0, rail)
+
+    # ---------------------------------------------------------------- lifecycle (torchft-like)
+
+    def _registration(self) -> Registration:
+        return Registration(job=self.job, rank=self.rank, world_size=self.world_size, peers=self.peers,
+                            local_rank=self.local_rank, gpu=self.gpu, rail=self.rail,
+                            netdev=self.rails.get(self.rail), backend=self.backend)
+
+    def configure(self, epoch: int, rail: int) -> None:
+        """Build the process group of ``epoch`` on ``rail`` (aborting any current one first).
+
+        Blocks until every rank has built it (gloo connects the full mesh here).
+
+        Raises:
+            RuntimeError: torch could not build it within ``timeout`` (its message).
+        """
+        if self.pg is not None:
+            self.abort()
+        store = dist.PrefixStore(f"linkpass/{self.job}/gen{epoch}", self.base_store)
+        before = _socket_fds()
+        if self.backend == "gloo":
+            opts = dist.ProcessGroupGloo._Options()
+            iface = self.rails[rail]
+            opts._devices = [dist.ProcessGroupGloo.create_device(interface=iface) if iface
+                             else dist.ProcessGroupGloo.create_default_device()]
+            opts._timeout = self.timeout
+            opts._threads = 2
+            pg = dist.ProcessGroupGloo(store, self.rank, self.world_size, opts)
+        else:  # pragma: no cover - needs a GPU
+            opts = dist.ProcessGroupNCCL.Options()
+            opts._timeout = self.timeout
+            pg = dist.ProcessGroupNCCL(store, self.rank, self.world_size, opts)
+        self._pg_fds = _tcp_fds(before, _socket_fds()) if self.backend == "gloo" else []
+        self.pg, self.epoch, self.rail = pg, epoch, rail
+        self._error = None
+        if self.client is not None and epoch > 0:
+            self.client.update(self._registration())
+        log.info("process group epoch %d built on rail %d (%s), rank %d of %d", epoch, rail, self.rails[rail] or "default",
+                 self.rank, self.world_size)
+
+    def abort(self) -> None:
+        """Drop the current process group at once: ``abort()`` it and shut its sockets down so
+        a collective blocked on it fails now, not at the timeout.  Never raises."""
+        pg, self.pg = self.pg, None
+        if pg is None:
+            return
+        try:
+            pg.abort()
+        except Exception as e:  # not every backend/version has it
+            log.debug("abort(): %s", e)
+        n = _shutdown_fds(self._pg_fds)
+        self._pg_fds = []
+        self._graveyard.append(pg)  # its destructor joins gloo's threads: keep it until they are free
+        log.info("process group epoch %d aborted (%d sockets shut down)", self.epoch, n)
+
+    def errored(self) -> BaseException | None:
+        """The error of the last failed collective on the current group, or None."""
+        return self._error
+
+    def close(self) -> None:
+        """Stop the daemon client; the process group is left to the interpreter."""
+        if self.client is not None:
+            self.client.close()
+
+    # ---------------------------------------------------------------- collectives
+
+    def all_reduce(self, tensor: torch.Tensor, op: dist.ReduceOp = dist.ReduceOp.SUM) -> torch.Tensor:
+        """In-place all-reduce of ``tensor`` (any shape/dtype gloo supports) on the current
+        group; returns ``tensor``.  Only inside :meth:`step`."""
+        opts = dist.AllreduceOptions()
+        opts.reduceOp = op
+        self._wait(self.pg.allreduce([tensor], opts))
+        return tensor
+
+    def broadcast(self, tensor: torch.Tensor, src: int) -> torch.Tensor:
+        """In-place broadcast from rank ``src``; returns ``tensor``.  Only inside :meth:`step`."""
+        opts = dist.BroadcastOptions()
+        opts.rootRank = src
+        opts.rootTensor = 0
+        self._wait(self.pg.broadcast([tensor], opts))
+        return tensor
+
+    def barrier(self) -> None:
+        """A barrier on the current group.  Only inside :meth:`step`."""
+        self._wait(self.pg.barrier(dist.BarrierOptions()))
+
+    def _on_notice(self, n: Notice) -> None:
+        self._wake.set()
+
+    def _wait(self, work) -> None:
+        done = threading.Event()
+        self._wake = done
+        work.get_future().add_done_callback(lambda _f: done.set())
+        started = time.monotonic()
+        next_store = started + self.store_check_s
+        while True:
+            woke = done.wait(self.poll_s)
+            if work.is_completed():
+                break
+            if woke:  # a notice, not the work
+                done.clear()
+            now = time.monotonic()
+            check_store = now >= next_store
+            if check_store:
+                next_store = now + self.store_check_s
+            self._check(check_store)
+        try:
+            work.wait()
+        except Exception as e:
+            self._error = e
+            self._after_error(e)
+
+    def _check(self, store: bool) -> None:
+        """Raise _Interrupted when a notice breaks our rail or another rank asked to rebuild."""
+        c = self.client
+        if c is not None and c.notices_seen != self._seen:
+            self._seen = c.notices_seen
+            n = c.latest
+            if n is not None and n.affects(self.rail):
+                if self.nccl_port_failover:
+                    log.warning("notice generation %d: rail %d broken; NCCL port failover is configured, leaving it to NCCL",
+                                n.generation, self.rail)
+                else:
+                    raise _Interrupted("notice", f"daemon notice generation {n.generation}: rails {sorted(n.affected_rails)} "
+                                       f"broken ({n.reason})", n.received_ns, n)
+            elif n is not None and (n.instance, n.generation) != self._ignored_gen:
+                self._ignored_gen = (n.instance, n.generation)
+                log.info("notice generation %d does not affect rail %d (broken rails: %s); no rebuild",
+                         n.generation, self.rail, sorted(n.affected_rails) or "none")
+        if store:
+            try:
+                asked = self.kv.check([f"rebuild/{self.epoch + 1}/req"])
+            except Exception as e:  # the store itself is unreachable: nothing to learn from it now
+                log.debug("store check failed: %s", e)
+                asked = False
+            if asked:
+                raise _Interrupted("peer", f"rank {self._req_rank(self.epoch + 1)} asked for a rebuild", time.monotonic_ns())
+
+    def _req_rank(self, epoch: int) -> str:
+        try:
+            return str(json.loads(self.kv.get(f"rebuild/{epoch}/req"))["rank"])
+        except Exception:
+            return "?"
+
+    def _after_error(self, e: BaseException) -> None:
+        """A collective failed: a rebuild another rank started, a notice, or a real error."""
+        t_err = time.monotonic_ns()
+        log.warning("collective on process group epoch %d failed: %s", self.epoch, str(e).splitlines()[0][:200])
+        deadline = time.monotonic() + self.error_grace_s
+        while time.monotonic() < deadline:
+            self._check(True)
+            time.sleep(self.store_check_s)
+        if self.client is not None and self.client.latest is not None and self.client.latest.affects(self.rail):
+            raise _Interrupted("error", f"collective failed and rail {self.rail} is broken", t_err, self.client.latest)
+        raise e
+
+    # ---------------------------------------------------------------- the step
+
+    def step(self, fn: Callable, *args, **kwargs):
+        """Run ``fn(*args, **kwargs)`` (one training step using the guard's collectives) and
+        return its result; on a link fault, rebuild and replay as described in the module
+        docstring.
+
+        Raises:
+            RebuildFailed: no agreement or no new process group (store or connect timeout).
+            LinkPassExit: with ``on_unmovable="raise"``, when the rank cannot move in-process.
+            Anything ``fn`` raises that is not a handled link fault.
+        """
+        cur = _Call(self.step_index, fn, args, kwargs, self._snapshot())
+        queue = [cur]
+        replay = False
+        result = None
+        while queue:
+            call = queue[0]
+            try:
+                if replay:
+                    self._restore(call.snapshot)
+                self._check(False)
+                out = call.fn(*call.args, **call.kwargs)
+            except _Interrupted as it:
+                resume = self._rebuild(it, call.index)
+                if resume == cur.index:
+                    queue = [cur]
+                elif resume == cur.index - 1 and self._prev is not None:
+                    queue = [self._prev, cur]
+                else:
+                    raise RebuildFailed(f"ranks disagree by more than one step (resume at {resume}, this rank at {cur.index})") from None
+                replay = True
+                continue
+            queue.pop(0)
+            if call is cur:
+                result = out
+            if self._awaiting is not None:
+                self._first_step_done()
+        self._prev = cur
+        self.step_index += 1
+        return result
+
+    def _snapshot(self):
+        return [_clone(o.state_dict()) for o in self.state], torch.get_rng_state()
+
+    def _restore(self, snap) -> None:
+        states, rng = snap
+        for o, sd in zip(self.state, states):
+            o.load_state_dict(_clone(sd))  # a fresh copy: load_state_dict may keep references
+        torch.set_rng_state(rng)
+
+    def _usable_view(self, it: _Interrupted) -> list[int]:
+        """Rails this rank may use, by its daemon's newest notice (all of ``rails`` without one)."""
+        n = self.client.latest if self.client is not None else None
+        if n is None:
+            view = list(self.rails)
+        else:
+            view = [r for r in self.rails if r in n.usable_common or (r not in n.rails)]
+        if it.trigger == "notice" and it.notice is not None:
+            view = [r for r in view if r not in it.notice.affected_rails]
+        return view
+
+    def _rebuild(self, it: _Interrupted, in_step: int) -> int:
+        e = self.epoch + 1
+        log.warning("rank %d: %s; abandoning process group epoch %d (rail %d) in step %d", self.rank, it.reason,
+                    self.epoch, self.rail, in_step)
+        rail_from = self.rail
+        unmovable = self.backend != "gloo"
+        req_key = f"rebuild/{e}/req"
+        # ask the others first (they find the request as soon as their collective fails), then abort
+        if not self.kv.check([req_key]):
+            self.kv.set(req_key, json.dumps({"rank": self.rank, "reason": it.reason, "unmovable": unmovable}))
+        else:
+            try:
+                unmovable = unmovable or bool(json.loads(self.kv.get(req_key)).get("unmovable"))
+            except (ValueError, RuntimeError):
+                pass
+        self.abort()
+        t_abort = time.monotonic_ns()
+        if unmovable:
+            self._unmovable(f"{it.reason}; the {self.backend} communicator cannot move to another NIC in this process "
+                            "(NCCL reads its HCA list once per process)" if self.backend != "gloo"
+                            else f"{it.reason}; another rank cannot move in-process")
+        view = self._usable_view(it)
+        self.kv.set(f"rebuild/{e}/rank/{self.rank}", json.dumps({"step": in_step, "usable": view, "rail": rail_from}))
+        keys = [f"rebuild/{e}/rank/{r}" for r in range(self.world_size)]
+        try:
+            self.kv.wait(keys, datetime.timedelta(seconds=self.rebuild_timeout_s))
+            props = [json.loads(self.kv.get(k)) for k in keys]
+        except Exception as ex:
+            raise RebuildFailed(f"not every rank joined rebuild epoch {e} within {self.rebuild_timeout_s} s: {ex}") from None
+        t_agree = time.monotonic_ns()
+        resume = min(p["step"] for p in props)
+        common = set(self.rails)
+        for p in props:
+            common &= set(p["usable"])
+        order = [r for r in self.rails if r in common]
+        if not order:
+            self._unmovable(f"{it.reason}; no rail is usable by every rank (proposals {props})")
+        new_rail = rail_from if rail_from in order and it.trigger == "error" else order[0]
+        try:
+            self.configure(e, new_rail)
+        except Exception as ex:
+            raise RebuildFailed(f"could not build process group epoch {e} on rail {new_rail}: {ex}") from None
+        t_built = time.monotonic_ns()
+        n = it.notice
+        ev = {"event": "rebuilt", "epoch": e, "trigger": it.trigger, "reason": it.reason, "rail_from": rail_from,
+              "rail_to": new_rail, "interrupted_step": in_step, "resume_step": resume,
+              "notice_generation": None if n is None else n.generation, "notice_t_ns": it.t_ns,
+              "aborted_t_ns": t_abort, "agreed_t_ns": t_agree, "built_t_ns": t_built,
+              "abort_ms": round((t_abort - it.t_ns) / 1e6, 3), "agree_ms": round((t_agree - t_abort) / 1e6, 3),
+              "build_ms": round((t_built - t_agree) / 1e6, 3)}
+        self.events.append(ev)
+        self._awaiting = ev
+        log.warning("rank %d: process group epoch %d on rail %d (was %d); replaying from step %d", self.rank, e, new_rail,
+                    rail_from, resume)
+        return resume
+
+    def _first_step_done(self) -> None:
+        ev, self._awaiting = self._awaiting, None
+        now = time.monotonic_ns()
+        ev["first_step_t_ns"] = now
+        ev["rebuild_ms"] = round((now - ev["notice_t_ns"]) / 1e6, 3)
+        log.info("rank %d: first step on process group epoch %d done, %.1f ms after the fault notice", self.rank,
+                 ev["epoch"], ev["rebuild_ms"])
+        if self.client is not None:
+            self.client.report("rebuilt", **{k: v for k, v in ev.items() if k != "event"})
+
+    def _unmovable(self, reason: str):
+        msg = (f"linkpass: rank {self.rank} cannot continue in this process: {reason}. "
+               f"Exiting with status {EXIT_MIGRATE} so the launcher can restart it.")
+        log.error("%s", msg)
+        print(msg, file=sys.stderr, flush=True)
+        if self.client is not None:
+            self.client.report("unmovable", reason=reason[:500], exit_code=EXIT_MIGRATE)
+            time.sleep(0.05)  # let the report leave before the process does
+        if self.pg is not None:
+            try:
+                self.pg.abort()
+            except Exception:
+                pass
+        if self.on_unmovable == "raise":
+            raise LinkPassExit(reason)
+        for h in logging.getLogger().handlers:
+            try:
+                h.flush()
+            except Exception:
+                pass
+        os._exit(EXIT_MIGRATE)
