@@ -86,6 +86,7 @@ class Engine:
         self.probe_failed: dict[int, str] = {}   # rail -> why its probes say it is failed
         self.loss: dict[int, tuple[float, int]] = {}  # rail -> (loss ratio, samples) from the edge
         self.degraded: set[int] = set()
+        self._avoided: frozenset[int] = frozenset()  # the DEGRADED rails traffic was last moved off
         self._configure(cfg)
 
     # ------------------------------------------------------------------ config
@@ -313,11 +314,15 @@ class Engine:
         was = ev.rail in self.degraded
         limit = self.cfg.probe.degraded_loss
         deg = ev.loss > limit if not was else ev.loss >= limit / 2
-        if deg == was:
+        if deg != was:
+            (self.degraded.add if deg else self.degraded.discard)(ev.rail)
+            self._record("degraded" if deg else "recovered", now_ns, {"rail": ev.rail, "loss": round(ev.loss, 4), "samples": ev.samples})
+            log.warning("rail %d: %s (probe loss %.1f%% over %d probes)", ev.rail, "DEGRADED" if deg else "no longer degraded", 100 * ev.loss, ev.samples)
+        # traffic moves only when the set of avoided rails changes (a better rail appeared or went)
+        avoided = self.avoided_degraded()
+        if avoided == self._avoided:
             return []
-        (self.degraded.add if deg else self.degraded.discard)(ev.rail)
-        self._record("degraded" if deg else "recovered", now_ns, {"rail": ev.rail, "loss": round(ev.loss, 4), "samples": ev.samples})
-        log.warning("rail %d: %s (probe loss %.1f%% over %d probes)", ev.rail, "DEGRADED" if deg else "no longer degraded", 100 * ev.loss, ev.samples)
+        self._avoided = avoided
         return self._replan(now_ns, f"probe loss on rail {ev.rail}") if self.synced else []
 
     def rail_loss(self, rid: int) -> float | None:
@@ -370,6 +375,18 @@ class Engine:
         """Every prefix this config may route (to pick the route events that concern us)."""
         return self._dsts
 
+    def avoided_degraded(self) -> frozenset[int]:
+        """The DEGRADED rails that traffic moves off: all of them when a *better* usable rail
+        exists (not degraded, probe loss under half the threshold), else none.  Rails that are
+        all about equally lossy (a lossy fabric, or a rail hovering at the threshold while the
+        other is just under it) keep their traffic where it is: moving it would change routes
+        for no gain."""
+        if not self.degraded:
+            return frozenset()
+        half = self.cfg.probe.degraded_loss / 2
+        better = any(rid not in self.degraded and (self.rail_loss(rid) or 0.0) < half for rid in self.local_usable())
+        return frozenset(self.degraded) if better else frozenset()
+
     def local_usable(self) -> frozenset[int]:
         """Ids of our rails that may carry traffic now."""
         return frozenset(rid for rid, h in self.rails.items() if h.usable)
@@ -379,7 +396,7 @@ class Engine:
             return []  # no plan (and no notice) before the first link dump: we know nothing yet
         actions: list[Action] = []
         path_down = frozenset(k for k, p in self.paths.items() if p.state == PathState.DOWN)
-        plan = plan_routes(self.cfg, self.local_usable(), self.peer_usable, path_down, frozenset(self.degraded))
+        plan = plan_routes(self.cfg, self.local_usable(), self.peer_usable, path_down, self.avoided_degraded())
         prev_usable = None if self.plan is None else self._plan_usable
         usable = self.local_usable()
         changed = self.plan is None or plan != self.plan or usable != prev_usable

@@ -187,3 +187,18 @@ def test_loss_ratio_leaves_out_dead_paths_but_counts_lossy_ones():
     assert f.rail_lost[0] == 0
     f(ProbeResult(0, "h1", False, t + 12 * MS))  # sent after: loss
     assert f.rail_lost[0] == 1
+
+
+def test_equally_lossy_rails_keep_their_traffic_a_better_rail_takes_it():
+    cfg, e, _ = engine(1)
+    h1_ip = str(cfg.peers[0].host_ip)
+    t = 10 * MS
+    # rail 1 at 8 % (lossy, under the threshold), rail 0 crosses 10 %: no better rail -> no move
+    acts = e.handle(ProbeLoss(1, 0.08, 200, t), t) + e.handle(ProbeLoss(0, 0.11, 200, t), t)
+    assert 0 in e.degraded and not any(isinstance(a, ApplyRoutes) for a in acts)
+    # rail 1 gets clean (under half the threshold): now it is better -> traffic leaves rail 0
+    acts = e.handle(ProbeLoss(1, 0.01, 200, t + MS), t + MS)
+    assert rails_to(acts, h1_ip) == [1]
+    # rail 1 lossy again: no better rail any more -> both rails again
+    acts = e.handle(ProbeLoss(1, 0.07, 200, t + 2 * MS), t + 2 * MS)
+    assert rails_to(acts, h1_ip) == [0, 1]

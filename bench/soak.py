@@ -1,0 +1,271 @@
+#!/usr/bin/env python3
+"""Probe cost and false failovers: linkpass next to FRR's bfdd, idle and under random loss.
+
+    sudo .venv/bin/python bench/soak.py --hosts 2 --rails 2 --idle-s 30 --loss-pct 2 \\
+        --duration-s 600 --json bench/results/soak.json
+
+One emulated fabric (name ``bnsoak``), one linkpass daemon per host with the *default*
+configuration except ``[probe] interval_ms`` / ``detect_multiplier`` (``--interval-ms`` /
+``--multiplier``; flap damping stays on), and (unless ``--no-bfd``) one FRR ``bfdd`` per host
+namespace with a single-hop session over rail 0 to every other host at the same timers (the
+same set-up as ``detect_bfd.py``).
+
+Phase 1, idle (``--idle-s``): nobody queries the daemons.  CPU time (``schedstat``, ns) of every
+linkpass daemon and every bfdd over the window, and per *monitored path*: a linkpass daemon
+monitors ``hosts-1`` peers on each of its rails (its probe paths), a bfdd ``hosts-1`` sessions.
+This is the issue's "CPU per probed path at equal interval, next to bfdd's per session".
+
+Phase 2, loss (``--duration-s``, skipped with 0): ``loss:PCT`` on every host's port on every
+rail at once (each port drops PCT % of frames in each direction, so a probe round trip between
+two hosts crosses four lossy hops: about 1-(1-PCT/100)^4 of round trips are lost, 7.8 % at
+2 %).  Every ``--poll-s`` the script reads each daemon's history (it holds the last 2000
+entries) and keeps every entry once.  At the end it counts:
+
+* ``false_failovers``: history ``rail`` entries that made a rail DOWN (the rail is fine: only
+  random loss);
+* ``path_down``: probe paths declared DOWN;
+* ``degraded``: rails marked DEGRADED (expected only above ``[probe] degraded_loss``, 10 %);
+* ``route_changes``: ``routes_applied`` entries that replaced or deleted routes;
+* bfdd: sessions that went down (``show bfd peers counters json``, ``session-down-events``).
+
+Prints figures and never asserts them.  Must run as root.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _cluster import BenchCluster, BenchError, machine_info, proc_cpu, proc_mem, run_and_report  # noqa: E402
+from detect_bfd import Bfd, ensure_bfdd  # noqa: E402
+
+from linkpass import fabric as fab  # noqa: E402
+
+SCHEMA = "linkpass.bench.soak/v1"
+TARGETS = {"false_failovers": 0, "daemon_cpu_pct_8_rails": 10.0}
+
+
+class SoakCluster(BenchCluster):
+    """Daemons with the default config plus the probe timers (damping stays on)."""
+
+    def __init__(self, *a, interval_ms: int, multiplier: int, **kw):
+        super().__init__(*a, **kw)
+        self.interval_ms, self.multiplier = interval_ms, multiplier
+
+    def up(self) -> dict:
+        desc = super().up()
+        for h in desc["hosts"]:
+            with open(h["config"], "a", encoding="utf-8") as f:
+                f.write(f"\n[probe]\ninterval_ms = {self.interval_ms}\ndetect_multiplier = {self.multiplier}\n")
+        return desc
+
+
+def _cpu_ns(pid: int) -> int:
+    c = proc_cpu(pid)
+    return c["sched_ns"] if c["sched_ns"] is not None else c["stat_ns"]
+
+
+def _entry_key(e: dict) -> str:
+    return json.dumps(e, sort_keys=True)
+
+
+def _bfd_down_events(bfd: Bfd) -> dict[int, int | None]:
+    out = {}
+    for i, v in bfd.vty.items():
+        try:
+            rows = json.loads(v.cmd("show bfd peers counters json"))
+            out[i] = sum(int(r.get("session-down-events", 0)) for r in rows)
+        except (OSError, ValueError, TypeError):
+            out[i] = None
+    return out
+
+
+def run(args) -> dict:
+    machine = machine_info()
+    bfdd, bfd_note = (None, "disabled (--no-bfd)") if args.no_bfd else ensure_bfdd()
+    if not args.no_bfd:
+        print(f"bfdd: {bfdd or 'unavailable'} ({bfd_note})", flush=True)
+    cl = SoakCluster(args.hosts, args.rails, args.name, args.hold_down_ms, interval_ms=args.interval_ms, multiplier=args.multiplier)
+    bfd = None
+    t_start = time.monotonic()
+    result: dict = {}
+    try:
+        cl.launch()
+        if bfdd:
+            bfd = Bfd(bfdd, cl.desc, 0, args.interval_ms, args.multiplier, Path(tempfile.mkdtemp(prefix=f"linkpass-bfdd-{args.name}-")))
+            try:
+                bfd.start()
+            except BenchError as e:
+                bfd_note += f"; start failed: {e}"
+                bfd.close()
+                bfd = None
+        # every probe path has answered once before the window
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            sts = [cl.ask(i) for i in range(args.hosts)]
+            if all(len(s["paths"]) == args.rails * (args.hosts - 1) and all(p["state"] == "UP" for p in s["paths"]) for s in sts):
+                break
+            time.sleep(0.2)
+        time.sleep(args.settle_s)
+        lp_pids, bfd_pids = list(cl.pids), (bfd.pids if bfd else [])
+        print(f"idle window {args.idle_s} s ...", flush=True)
+        c0 = {p: _cpu_ns(p) for p in lp_pids + bfd_pids}
+        w0 = time.monotonic_ns()
+        time.sleep(args.idle_s)
+        w1 = time.monotonic_ns()
+        c1 = {p: _cpu_ns(p) for p in lp_pids + bfd_pids}
+        wall = w1 - w0
+        lp_paths = args.rails * (args.hosts - 1)
+        idle = {
+            "window_s": round(wall / 1e9, 3),
+            "linkpass": [{"host": f"h{i}", "pid": p, "cpu_pct": round(100 * (c1[p] - c0[p]) / wall, 3),
+                          "paths": lp_paths, "cpu_pct_per_path": round(100 * (c1[p] - c0[p]) / wall / lp_paths, 3)}
+                         for i, p in enumerate(lp_pids)],
+            "bfdd": [{"host": f"h{i}", "pid": p, "cpu_pct": round(100 * (c1[p] - c0[p]) / wall, 3),
+                      "sessions": args.hosts - 1, "cpu_pct_per_session": round(100 * (c1[p] - c0[p]) / wall / (args.hosts - 1), 3)}
+                     for i, p in enumerate(bfd_pids)],
+        }
+        st = [cl.ask(i) for i in range(args.hosts)]
+        idle["probe_counters"] = [{k: v for k, v in s["counters"].items() if k.startswith("probes_")} for s in st]
+        result["idle"] = idle
+        result["paths_fast"] = [sum(1 for p in s["paths"] if p.get("fast", True)) for s in st]
+
+        if args.duration_s > 0:
+            seen: dict[int, dict[str, dict]] = {i: {} for i in range(args.hosts)}
+
+            def collect():
+                for i in range(args.hosts):
+                    for e in cl.history(i):
+                        seen[i].setdefault(_entry_key(e), e)
+
+            collect()
+            t_cut = time.monotonic_ns()
+            bfd_down0 = _bfd_down_events(bfd) if bfd else {}
+            for h in range(args.hosts):
+                for r in range(args.rails):
+                    fab.cut(args.name, h, r, f"loss:{args.loss_pct}")
+            print(f"loss:{args.loss_pct} on every port for {args.duration_s} s ...", flush=True)
+            l0 = {p: _cpu_ns(p) for p in lp_pids + bfd_pids}
+            end = time.monotonic() + args.duration_s
+            while time.monotonic() < end:
+                time.sleep(min(args.poll_s, max(0.0, end - time.monotonic())))
+                collect()
+            l1 = {p: _cpu_ns(p) for p in lp_pids + bfd_pids}
+            t_end = time.monotonic_ns()
+            bfd_down1 = _bfd_down_events(bfd) if bfd else {}
+            collect()
+            fab.heal(args.name)
+            counts = []
+            for i in range(args.hosts):
+                es = [e for e in seen[i].values() if t_cut <= e.get("t_ns", 0) <= t_end]
+                counts.append({
+                    "host": f"h{i}",
+                    "false_failovers": sum(1 for e in es if e.get("kind") == "rail" and e.get("new") == "DOWN"),
+                    "path_down": sum(1 for e in es if e.get("kind") == "path" and e.get("new") == "DOWN"),
+                    "path_suspect": sum(1 for e in es if e.get("kind") == "path" and e.get("new") == "SUSPECT"),
+                    "degraded": sum(1 for e in es if e.get("kind") == "degraded"),
+                    "route_changes": sum(1 for e in es if e.get("kind") == "routes_applied"
+                                         and (e.get("replaced", 0) or e.get("deleted", 0))),
+                    "history_entries": len(es),
+                })
+            st = [cl.ask(i) for i in range(args.hosts)]
+            lw = l1[lp_pids[0]] and (t_end - t_cut)
+            result["loss"] = {
+                "loss_pct_per_port": args.loss_pct, "duration_s": round((t_end - t_cut) / 1e9, 1),
+                "round_trip_loss_expected": round(1 - (1 - args.loss_pct / 100) ** 4, 4),
+                "hosts": counts,
+                "false_failovers": sum(c["false_failovers"] for c in counts),
+                "path_down": sum(c["path_down"] for c in counts),
+                "degraded": sum(c["degraded"] for c in counts),
+                "route_changes": sum(c["route_changes"] for c in counts),
+                "probe_loss_seen": [{str(r["id"]): r.get("probe_loss") for r in s["rails"]} for s in st],
+                "linkpass_cpu_pct": [round(100 * (l1[p] - l0[p]) / lw, 3) for p in lp_pids],
+                "bfdd_cpu_pct": [round(100 * (l1[p] - l0[p]) / lw, 3) for p in bfd_pids],
+                "bfdd_session_down_events": ({i: (None if bfd_down1.get(i) is None or bfd_down0.get(i) is None
+                                                  else bfd_down1[i] - bfd_down0[i]) for i in bfd_down1} if bfd else None),
+                "probe_counters": [{k: v for k, v in s["counters"].items() if k.startswith("probes_")} for s in st],
+            }
+        result["mem"] = {f"h{i}": round(proc_mem(p).get("vmhwm_kb", 0) / 1024, 1) for i, p in enumerate(lp_pids)}
+        result["daemon_log_problems"] = cl.log_problems(20)
+    finally:
+        if bfd:
+            bfd.close()
+        cl.close()
+    return {
+        "schema": SCHEMA,
+        "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "machine": machine,
+        "params": {k: getattr(args, k) for k in ("hosts", "rails", "interval_ms", "multiplier", "idle_s", "loss_pct",
+                                                 "duration_s", "hold_down_ms", "name")},
+        "targets": TARGETS,
+        "bfdd_note": bfd_note,
+        **result,
+        "logs": str(cl.workdir),
+        "run_wall_s": round(time.monotonic() - t_start, 1),
+    }
+
+
+def print_report(r: dict) -> None:
+    p = r["params"]
+    print(f"\nsoak: {p['hosts']} hosts x {p['rails']} rails, {p['interval_ms']} ms x {p['multiplier']} "
+          f"({r['machine'].get('cpus')} CPUs); bfdd: {r['bfdd_note']}")
+    idle = r["idle"]
+    print(f"idle {idle['window_s']} s, CPU % of one core (schedstat):")
+    for d in idle["linkpass"]:
+        print(f"  linkpass {d['host']}: {d['cpu_pct']:.2f} % for {d['paths']} paths = {d['cpu_pct_per_path']:.2f} % per path")
+    for d in idle["bfdd"]:
+        print(f"  bfdd     {d['host']}: {d['cpu_pct']:.2f} % for {d['sessions']} session(s) = {d['cpu_pct_per_session']:.2f} % per session")
+    for i, c in enumerate(idle["probe_counters"]):
+        print(f"  h{i} probe counters: " + ", ".join(f"{k[7:]}={v}" for k, v in sorted(c.items())))
+    loss = r.get("loss")
+    if loss:
+        print(f"loss:{loss['loss_pct_per_port']} on every port for {loss['duration_s']} s "
+              f"(round trips lost: about {100 * loss['round_trip_loss_expected']:.1f} %):")
+        print(f"  false failovers {loss['false_failovers']} (target 0), path DOWN {loss['path_down']}, "
+              f"DEGRADED {loss['degraded']}, route changes {loss['route_changes']}")
+        for c in loss["hosts"]:
+            print(f"  {c['host']}: {c}")
+        print(f"  probe loss seen per rail: {loss['probe_loss_seen']}")
+        print(f"  linkpass CPU % {loss['linkpass_cpu_pct']}, bfdd CPU % {loss['bfdd_cpu_pct']}, "
+              f"bfdd session down events {loss['bfdd_session_down_events']}")
+    print(f"VmHWM MB: {r['mem']}")
+    for line in r.get("daemon_log_problems", [])[:10]:
+        print(f"  log: {line}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="soak.py", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--hosts", type=int, default=2)
+    ap.add_argument("--rails", type=int, default=2)
+    ap.add_argument("--interval-ms", type=int, default=10)
+    ap.add_argument("--multiplier", type=int, default=3)
+    ap.add_argument("--hold-down-ms", type=int, default=2000)
+    ap.add_argument("--idle-s", type=float, default=30.0)
+    ap.add_argument("--settle-s", type=float, default=2.0)
+    ap.add_argument("--loss-pct", type=int, default=2)
+    ap.add_argument("--duration-s", type=float, default=600.0, help="loss phase length; 0 skips it")
+    ap.add_argument("--poll-s", type=float, default=2.0)
+    ap.add_argument("--no-bfd", action="store_true")
+    ap.add_argument("--name", default="bnsoak")
+    ap.add_argument("--json", metavar="FILE")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.hosts < 2 or args.rails < 1 or not 1 <= args.loss_pct <= 100 or args.idle_s <= 0:
+        print("soak.py: needs --hosts >= 2, --rails >= 1, --loss-pct 1..100, --idle-s > 0", file=sys.stderr)
+        return 2
+    return run_and_report("soak.py", run, print_report, args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
