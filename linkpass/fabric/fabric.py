@@ -291,6 +291,8 @@ def _host_config(desc: dict, i: int) -> dict:
             "hold_down_ms": desc["hold_down_ms"],
         },
         "rails": [{"id": r["rail"], "netdev": r["netdev"], "address": r["address"]} for r in h["rails"]],
+        # one NCCL env file per emulated host (the default /run/linkpass/nccl.env would be shared)
+        "nccl": {"env_file": os.path.join(os.path.dirname(h["control_socket"]), f"h{i}.nccl.env")},
         "peers": [
             {
                 "name": p["name"],
