@@ -82,12 +82,33 @@ def cmd_status(args) -> int:
     return 0
 
 
+def _status_lines(st: dict, max_clients: int = 8) -> list[str]:
+    """The reroute mode and the hook clients, one line each (plain text)."""
+    out = []
+    mode = st.get("reroute")
+    if mode:
+        out.append(f"reroute: {mode}" + (" (kernel routes are not changed; torch hooks get the notices)"
+                                         if mode == "notify-only" else ""))
+    hooks = st.get("hooks")
+    if hooks is None:
+        out.append("hook clients: hooks off")
+    else:
+        clients = hooks.get("clients") or []
+        names = [f"{x['job']}/{x['rank']}" if "job" in x else f"unregistered(pid {x.get('pid', '?')})" for x in clients]
+        more = f", +{len(names) - max_clients} more" if len(names) > max_clients else ""
+        out.append(f"hook clients: {len(clients)}" + (f" ({', '.join(names[:max_clients])}{more})" if names else "")
+                   + f"  on {hooks.get('socket', '?')}")
+    return out
+
+
 def _print_status(st: dict) -> None:
     from rich.console import Console
     from rich.table import Table
 
     c = Console()
     c.print(f"[bold]{st['host']}[/] mode {st['mode']}  generation {st['generation']} (applied {st['applied_generation']})  uptime {st['uptime_s']} s")
+    for line in _status_lines(st):
+        c.print(line, markup=False, highlight=False, soft_wrap=True)
     t = Table("rail", "netdev", "state", "last change", "reason", "link", "probes")
     colors = {"UP": "green", "DOWN": "red", "HOLD_DOWN": "yellow", "SUSPECT": "yellow", "DRAINED": "blue"}
     for r in st["rails"]:

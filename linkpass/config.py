@@ -31,6 +31,7 @@ Example (what ``linkpass fabric up`` writes for host 0 of a two-host, two-rail f
 from __future__ import annotations
 
 import ipaddress
+import os
 import re
 import stat
 import tomllib
@@ -258,6 +259,10 @@ class Config(_Strict):
             for i, r in enumerate(self.rails):
                 if r.address is None:
                     raise ValueError(f"rails[{i}].address: required when mode = \"per-rail-ip\"")
+        if self.hooks.enabled and self.hooks.socket and \
+                os.path.normpath(self.hooks.socket) == os.path.normpath(self.daemon.control_socket):
+            raise ValueError(f"hooks.socket: {self.hooks.socket} is also daemon.control_socket; the hooks socket needs a "
+                             "path of its own (leave hooks.socket out for the default beside the control socket)")
         return self
 
 

@@ -287,6 +287,11 @@ class Daemon:
             log.warning("host renamed %s -> %s: peers know this host by name, update their configs too", self.cfg.daemon.host, cfg.daemon.host)
         if cfg.daemon.control_socket != self.cfg.daemon.control_socket or cfg.daemon.notice_port != self.cfg.daemon.notice_port:
             log.warning("control_socket and notice_port changes take effect only after a restart")
+        new_hooks = (cfg.hooks.socket or default_socket_path(cfg.daemon.control_socket)) if cfg.hooks.enabled else None
+        old_hooks = self.hooks.path if self.hooks else None
+        if new_hooks != old_hooks:
+            log.warning("[hooks] socket is now %s (was %s); the new hooks socket takes effect only after a restart, "
+                        "until then hooks keep connecting to %s", new_hooks or "off", old_hooks or "off", old_hooks or "nothing")
         self.cfg = cfg
         self.routes.proto, self.routes.table = cfg.daemon.route_protocol, cfg.daemon.route_table
         if self.notices and key:

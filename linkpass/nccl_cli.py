@@ -17,9 +17,15 @@ topology's port and link states are used and stderr says that health is unknown.
 environment when the flag is not given.  ``exec`` replaces itself (``os.execvpe``) with CMD,
 whose environment is the current one plus the computed variables.
 
-Exit codes: 0 ok; 1 the environment cannot be right (no healthy compute port: the error is
-printed, and ``exec`` does not run CMD); 2 bad input (arguments, config, topology, GPU, a missing
-or unrunnable command), one line on stderr.
+The topology readers' warnings (a cut-off or unreadable file, NVML or netlink not usable) go
+to stderr, one line each (``linkpass nccl-env: FILE: what``), into the header comments and into
+the json format's ``warnings``.  They do not change the exit code, as in ``linkpass topology``:
+what could be read is used (a cut-off NCCL topology XML gives the NICs before the cut), and a
+file from which nothing at all could be read is exit 2.
+
+Exit codes: 0 ok (also with warnings); 1 the environment cannot be right (no healthy compute
+port: the error is printed, and ``exec`` does not run CMD); 2 bad input (arguments, config,
+topology, GPU, a missing or unrunnable command), one line on stderr.
 """
 
 from __future__ import annotations
@@ -168,12 +174,16 @@ def build(args, prog: str, local_rank: int | None) -> NcclEnv:
         gpu = args.gpu
         if local_rank is not None:
             gpu = gpu_for_local_rank(local_rank, os.environ.get("CUDA_VISIBLE_DEVICES"), topo)
-        return compute(topo, health, gpu, options, cfg.daemon.host if cfg else "")
+        env = compute(topo, health, gpu, options, cfg.daemon.host if cfg else "")
     except NcclEnvError as e:
         raise _BadInput(str(e)) from None
+    env.source_warnings = list(topo.warnings)
+    return env
 
 
 def _report(env: NcclEnv, prog: str) -> None:
+    for w in env.source_warnings:  # each starts with its source: "FILE: line 74: the topology is cut off ..."
+        print(f"{prog}: {w}", file=sys.stderr)
     for w in env.warnings:
         print(f"{prog}: warning: {w}", file=sys.stderr)
     for e in env.errors:

@@ -62,7 +62,9 @@ process and never rescans (NCCL-REFERENCE.md 1.7: the ``ncclNIbDevs`` guard in
 ``src/transport/net_ib/init.cc`` is never reset), so a new communicator in the same process
 would use the dead HCA again.  Unless NCCL's own port failover is configured
 (``NCCL_IB_RESILIENCY_PORT_FAILOVER=1``, NCCL >= 2.29.7, which then handles the fault inside
-its fused NIC and the guard leaves it alone), the guard aborts the communicator
+its fused NIC and the guard leaves it alone; ``linkpass nccl-env``/``exec`` set it only when a
+listed NIC has a second healthy port on the same card, and the guard ignores it when
+``NCCL_IB_HCA`` names a single port, see :func:`nccl_port_failover`), the guard aborts the communicator
 (``ProcessGroupNCCL.abort()`` -> ``ncclCommAbort``), reports ``unmovable`` to the daemon, logs
 why, and exits the process with status :data:`EXIT_MIGRATE` (75, ``EX_TEMPFAIL`` in
 sysexits.h: "try again later") for the launcher to restart the rank elsewhere (rank migration
@@ -106,6 +108,28 @@ log = logging.getLogger("linkpass.torch_hooks")
 #: Exit status when the rank cannot continue in this process (EX_TEMPFAIL): a launcher should
 #: start it again (elsewhere, once rank migration exists).
 EXIT_MIGRATE = 75
+
+
+def nccl_port_failover(environ: Mapping[str, str]) -> tuple[bool, str]:
+    """Whether NCCL's own IB port failover can handle a dead port for this process:
+    ``(True, "")`` or ``(False, why)``.
+
+    True only when ``NCCL_IB_RESILIENCY_PORT_FAILOVER`` is ``1`` and ``NCCL_IB_HCA`` does not
+    rule failover out.  ``linkpass nccl-env`` / ``linkpass exec`` export the variable only when a
+    listed NIC has a second healthy port on the same card (failover acts only inside such a
+    fused NIC, NVIDIA/nccl#2192), so its presence means "checked, it can work".  A value set by
+    hand is trusted too, except when ``NCCL_IB_HCA`` names exactly one port (``=mlx5_0:1``):
+    one port can never be fused, so the guard keeps its abort + exit 75.
+    """
+    if environ.get("NCCL_IB_RESILIENCY_PORT_FAILOVER", "").strip() != "1":
+        return False, "NCCL_IB_RESILIENCY_PORT_FAILOVER is not 1"
+    hca = environ.get("NCCL_IB_HCA", "").strip()
+    if hca and not hca.startswith("^"):
+        entries = [e.strip() for e in hca.lstrip("=").split(",") if e.strip()]
+        if len(entries) == 1 and ":" in entries[0]:
+            return False, (f"NCCL_IB_HCA={hca} names one port, and NCCL's port failover needs a second port of the "
+                           "same NIC (NVIDIA/nccl#2192)")
+    return True, ""
 
 
 class LinkPassExit(SystemExit):
@@ -273,7 +297,12 @@ class LinkPassGuard:
         self.error_grace_s = error_grace_s
         self.poll_s, self.store_check_s = poll_s, store_check_s
         self.local_rank, self.gpu = local_rank, gpu
-        self.nccl_port_failover = backend == "nccl" and os.environ.get("NCCL_IB_RESILIENCY_PORT_FAILOVER") == "1"
+        self.nccl_port_failover = False
+        if backend == "nccl":
+            self.nccl_port_failover, why = nccl_port_failover(os.environ)
+            if not self.nccl_port_failover and os.environ.get("NCCL_IB_RESILIENCY_PORT_FAILOVER"):
+                log.warning("NCCL_IB_RESILIENCY_PORT_FAILOVER is set but cannot act (%s): a dead rail aborts and exits %d",
+                            why, EXIT_MIGRATE)
         self.pg: Any = None
         self.epoch = -1
         self.rail = rail

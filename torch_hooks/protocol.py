@@ -13,7 +13,9 @@ Client -> daemon:
   process group is bound to, when known.  Sent again after every (re)connect; a second
   register on one connection replaces the first.
 * ``report``: ``{"type": "report", "event": str, ...}``: what the hook did (``rebuilt``,
-  ``unmovable``, ``ignored``...), any extra JSON fields; the daemon logs and keeps it.
+  ``unmovable``, ``ignored``...), any extra JSON fields; the daemon logs and keeps it, with
+  ``job``, ``rank``, ``pid``, ``client_id`` and ``t_ns`` its own (a client's values for them
+  are dropped and counted).
 * ``ping``: answered by ``pong``.
 
 Daemon -> client:
@@ -36,6 +38,7 @@ daemon's adapter, the client and the tests share it.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -69,18 +72,38 @@ def encode(msg: Mapping) -> bytes:
     return data
 
 
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not a JSON number (non-finite numbers are refused)")
+
+
+def _finite_float(text: str) -> float:
+    v = float(text)
+    if not math.isfinite(v):
+        raise ValueError(f"{text[:40]} overflows to a non-finite number (refused)")
+    return v
+
+
 def decode(line: bytes, allowed: frozenset[str]) -> dict:
     """Parse one line (with or without its newline) into a message whose type is in ``allowed``.
 
+    Strict JSON: ``NaN``, ``Infinity``, ``-Infinity`` and numbers that overflow a float are
+    refused (kept, they would make the daemon's ``status --json`` invalid JSON), and so is
+    nesting too deep for the parser (``RecursionError``).
+
     Raises:
-        ProtocolError: too long, not UTF-8 JSON, not an object, no/unknown ``type``.
+        ProtocolError: too long, not UTF-8 JSON, a non-finite number, nested too deeply, not an
+            object, no/unknown ``type``.
     """
     if len(line) > MAX_MESSAGE_BYTES:
         raise ProtocolError(f"line is {len(line)} bytes; the limit is {MAX_MESSAGE_BYTES}")
     try:
-        msg = json.loads(line.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        msg = json.loads(line.decode("utf-8"), parse_constant=_no_constant, parse_float=_finite_float)
+    except RecursionError:
+        raise ProtocolError("not usable JSON: nested too deeply") from None
+    except UnicodeDecodeError as e:
         raise ProtocolError(f"not UTF-8 JSON: {e}") from None
+    except ValueError as e:  # JSONDecodeError, a non-finite number
+        raise ProtocolError(f"not valid JSON: {e}") from None
     if not isinstance(msg, dict):
         raise ProtocolError(f"a message must be a JSON object, got {type(msg).__name__}")
     t = msg.get("type")

@@ -44,6 +44,8 @@ log = logging.getLogger("linkpass.hooks")
 _MAX_BUFFERED = 1 << 20    # bytes queued for one client before it is dropped as not reading
 _LOUD_ERRORS = 5           # errors per client logged at WARNING; later ones at DEBUG
 _READ_CHUNK = 65536
+#: Fields of a kept report that the server fills in; a client's own values for them are dropped.
+_SERVER_FIELDS = frozenset({"t_ns", "client_id", "job", "rank", "pid"})
 
 
 def default_socket_path(control_socket: str) -> str:
@@ -113,8 +115,11 @@ class HookServer:
     Attributes:
         counters: ``connections``, ``refused``, ``registered``, ``disconnects``,
             ``notices_sent``, ``reports``, ``pings``, ``dropped_slow``, and ``bad_<kind>`` for
-            dropped messages (``bad_malformed``, ``bad_oversized``, ``bad_register``,
-            ``bad_unregistered`` for a report before register, ``bad_type``).
+            dropped messages (``bad_malformed``, also for JSON with NaN/Infinity or nested too
+            deeply, ``bad_oversized``, ``bad_register``, ``bad_unregistered`` for a report before
+            register, ``bad_type``); ``report_fields_dropped``: reports that tried to set a
+            server-known field (``job``, ``rank``, ``pid``, ``client_id``, ``t_ns``), kept
+            without those fields.
         reports: the last 100 reports, newest last.
         instance: token of this daemon run (notices carry it; clients tell a restart by it).
     """
@@ -298,6 +303,9 @@ class HookServer:
             kind = "oversized" if "limit" in str(e) else ("type" if "message type" in str(e) else "malformed")
             self._bad(c, kind, str(e))
             return
+        except (RecursionError, ValueError) as e:  # decode maps these itself; never lose the client over one
+            self._bad(c, "malformed", f"not usable JSON: {type(e).__name__}")
+            return
         t = msg["type"]
         if t == "ping":
             self.counters["pings"] += 1
@@ -330,11 +338,17 @@ class HookServer:
                 self._bad(c, "malformed", "report: 'event' must be a non-empty string")
                 return
             self.counters["reports"] += 1
-            rec = {"t_ns": time.monotonic_ns(), "client_id": c.id, "job": c.reg.job, "rank": c.reg.rank, "pid": c.pid,
-                   **{k: v for k, v in msg.items() if k != "type"}}
+            claimed = sorted(k for k in msg if k in _SERVER_FIELDS)
+            if claimed:  # identity comes from the registration and the kernel, never from a report
+                self.counters["report_fields_dropped"] += 1
+                lvl = logging.WARNING if self.counters["report_fields_dropped"] <= _LOUD_ERRORS else logging.DEBUG
+                log.log(lvl, "hook client %d (job %s rank %d, pid %s): report sets server-known field(s) %s; ignored",
+                        c.id, c.reg.job, c.reg.rank, c.pid, ", ".join(claimed))
+            detail = {k: v for k, v in msg.items() if k not in _SERVER_FIELDS and k not in ("type", "event")}
+            rec = {**detail, "event": ev, "t_ns": time.monotonic_ns(), "client_id": c.id, "job": c.reg.job,
+                   "rank": c.reg.rank, "pid": c.pid}
             c.last_report = rec
             self.reports.append(rec)
-            detail = {k: v for k, v in msg.items() if k not in ("type", "event")}
             log.log(logging.WARNING if ev in ("unmovable", "rebuild_failed") else logging.INFO,
                     "hook job %s rank %d: %s %s", c.reg.job, c.reg.rank, ev, detail)
 

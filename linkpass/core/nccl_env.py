@@ -46,7 +46,13 @@ What each variable is and where the facts come from (NCCL's own user guide,
     ``NCCL_NET_MERGE_LEVEL=PORT``, ``NCCL_IB_MERGE_NICS=1`` since 2.20), is triggered only by
     completion errors (so still after IB timeout x retries, ~30 s by default) and survives at
     most one failed device per communicator.  A GPU with one single-port NIC cannot fail over
-    (NVIDIA/nccl#2192); the result says so.
+    (NVIDIA/nccl#2192).  So both variables are set only when failover can act: a NIC in the
+    list (this GPU's own NICs, or any listed NIC for a host-wide environment) has a second
+    healthy port on the same physical card (a dual-port NIC, or two PFs of one card).
+    Otherwise they are left out and a note says why.  This matters beyond NCCL:
+    :mod:`torch_hooks.guard` takes ``NCCL_IB_RESILIENCY_PORT_FAILOVER=1`` to mean "NCCL fails
+    over by itself" and then skips its own abort + exit 75; exporting it on a one-port-per-NIC
+    node would leave a job waiting out NCCL timeouts on a dead link.
 
 NCCL reads ``NCCL_IB_HCA`` once per process and never rescans devices (NCCL-REFERENCE 1.7), so
 these values only matter for a process started after they were computed.
@@ -175,7 +181,8 @@ class NcclOptions:
     Attributes:
         rails_joined_by_spine: the fabric routes between rails (a spine layer joins the rail
             switches), so a NIC on rail j can reach a peer's NIC on rail k.
-        ib_resiliency: set NCCL's IB port failover/recovery variables when the version has them.
+        ib_resiliency: set NCCL's IB port failover/recovery variables when the version has them
+            and a listed NIC has a second healthy port to fail over to.
         nccl_version: the jobs' NCCL version; None: unknown, :data:`ASSUMED_NCCL_VERSION` is used.
     """
 
@@ -200,6 +207,9 @@ class NcclEnv:
         notes: why a variable is left out or chosen, for the operator.
         warnings: something is degraded (a GPU without its own NIC, a lost rail on a rail-only
             fabric, a GID index that cannot be set).
+        source_warnings: problems the topology readers met (a cut-off or unreadable file, NVML
+            or netlink not usable), each starting with its source; :func:`compute` leaves this
+            empty, the caller that read the topology fills it in (``linkpass nccl-env``).
         errors: the environment cannot be right: no compute port is healthy.
     """
 
@@ -216,14 +226,15 @@ class NcclEnv:
     notes: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    source_warnings: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict:
-        """The ``linkpass.nccl-env/v1`` document."""
+        """The ``linkpass.nccl-env/v1`` document (``warnings``: the source warnings first)."""
         return {"schema": SCHEMA, "host": self.host, "generation": self.generation, "health_known": self.health_known,
                 "gpu": self.gpu, "env": dict(self.env), "hcas": list(self.hcas), "netdevs": list(self.netdevs),
                 "lost_rails": list(self.lost_rails), "nccl_version": self.nccl_version,
                 "nccl_version_assumed": self.nccl_version_assumed, "notes": list(self.notes),
-                "warnings": list(self.warnings), "errors": list(self.errors)}
+                "warnings": list(self.source_warnings) + list(self.warnings), "errors": list(self.errors)}
 
     def header(self) -> list[str]:
         """Comment lines (without ``#``): what this is, the generation, notes, warnings, errors."""
@@ -234,7 +245,7 @@ class NcclEnv:
                  f"nccl={self.nccl_version}{' (assumed)' if self.nccl_version_assumed else ''}")
         head = [first, f"plan generation {gen}"]
         head += [f"ERROR: {e}" for e in self.errors]
-        head += [f"warning: {w}" for w in self.warnings]
+        head += [f"warning: {w}" for w in self.source_warnings + self.warnings]
         head += [f"note: {n}" for n in self.notes]
         return [h.replace("\n", " ") for h in head]
 
@@ -582,15 +593,21 @@ def compute(topo: Topology | None, health: Health | None = None, gpu: int | None
     # ---- NCCL's own IB port failover / recovery
     if options.ib_resiliency and res.hcas:
         if version >= PORT_FAILOVER_SINCE:
-            res.env["NCCL_IB_RESILIENCY_PORT_FAILOVER"] = "1"
-            if version >= PORT_RECOVERY_SINCE:
-                res.env["NCCL_IB_RESILIENCY_PORT_RECOVERY"] = "1"
+            # Only where failover can act: torch_hooks.guard reads NCCL_IB_RESILIENCY_PORT_FAILOVER=1
+            # as "NCCL handles a dead port itself" and then skips its abort + exit 75, so a node
+            # whose NICs have one healthy port each must not get it (it would wait out NCCL timeouts).
             fused = _fused_groups(chosen)
             targets = [v for v in chosen if v.nic.name in near] if near else chosen
-            if not any(len(fused.get(_physical(v.nic), ())) >= 2 for v in targets):
+            if any(len(fused.get(_physical(v.nic), ())) >= 2 for v in targets):
+                res.env["NCCL_IB_RESILIENCY_PORT_FAILOVER"] = "1"
+                if version >= PORT_RECOVERY_SINCE:
+                    res.env["NCCL_IB_RESILIENCY_PORT_RECOVERY"] = "1"
+            else:
                 res.notes.append("NCCL's port failover acts only inside a fused NIC (two or more healthy ports of one "
                                  "physical NIC by default); " + ("this GPU's NIC has" if near else "the NICs here have")
-                                 + " no second healthy port, so a dead link still ends its communicators (NVIDIA/nccl#2192)")
+                                 + " no second healthy port, so a dead link still ends its communicators (NVIDIA/nccl#2192); "
+                                 "NCCL_IB_RESILIENCY_PORT_FAILOVER/_RECOVERY are left out, so the torch hook's abort "
+                                 "and exit 75 stay in force")
         else:
             res.notes.append(f"NCCL {version_text(version)} has no IB port failover (NCCL_IB_RESILIENCY_PORT_FAILOVER "
                              f"needs {version_text(PORT_FAILOVER_SINCE)})")

@@ -89,6 +89,60 @@ def test_register_notice_priority_peers_reports_and_bad_input(tmp_path):
     asyncio.run(main())
 
 
+def test_report_cannot_overwrite_identity_and_bad_json_is_malformed(tmp_path, caplog):
+    path = str(tmp_path / "hooks.sock")
+
+    async def main():
+        srv = HookServer(path, "h0", ["h1"])
+        await srv.start()
+        r, w = await asyncio.open_unix_connection(path)
+        w.write(_reg(job="real", rank=1))
+        await w.drain()
+        assert (await _readline(r))["type"] == "registered"
+        cid = next(iter(srv.clients))
+        # a report claiming another identity: kept, but the server's own fields win
+        w.write(json.dumps({"type": "report", "event": "rebuilt", "job": "evil", "rank": 0, "pid": 1,
+                            "client_id": 99, "t_ns": 5, "rail_to": 1}).encode() + b"\n")
+        await w.drain()
+        await asyncio.sleep(0.05)
+        rec = srv.reports[-1]
+        assert (rec["job"], rec["rank"], rec["pid"], rec["client_id"]) == ("real", 1, os.getpid(), cid)
+        assert rec["t_ns"] != 5 and rec["event"] == "rebuilt" and rec["rail_to"] == 1
+        assert srv.counters["report_fields_dropped"] == 1 and srv.counters["reports"] == 1
+        assert srv.status()["clients"][0]["last_report"]["job"] == "real"
+        # non-finite numbers and nesting too deep: answered with an error, counted malformed
+        bad = (b'{"type":"report","event":"x","v":NaN}\n', b'{"type":"report","event":"x","v":Infinity}\n',
+               b'{"type":"report","event":"x","v":-Infinity}\n', b'{"type":"report","event":"x","v":1e999}\n',
+               b"[" * 30000 + b"]" * 30000 + b"\n")
+        for line in bad:
+            w.write(line)
+            await w.drain()
+            e = await _readline(r)
+            assert e["type"] == "error" and e["error"].startswith("malformed:"), (line[:40], e)
+        w.write(b'{"type":"ping"}\n')  # still connected
+        await w.drain()
+        assert (await _readline(r))["type"] == "pong"
+        assert srv.counters["bad_malformed"] == len(bad) and srv.counters["reports"] == 1
+        json.loads(json.dumps(srv.status(), allow_nan=False))  # status stays strict JSON
+        w.close()
+        await asyncio.sleep(0.05)
+        await srv.close()
+
+    with caplog.at_level("WARNING", logger="linkpass.hooks"):
+        asyncio.run(main())
+    hooks = [r for r in caplog.records if r.name == "linkpass.hooks"]
+    assert not any(r.exc_info or "unexpected error" in r.getMessage() for r in hooks)
+    assert any("server-known field(s) client_id, job, pid, rank, t_ns" in r.getMessage() for r in hooks)
+
+
+def test_decode_refuses_non_finite_numbers_and_deep_nesting():
+    for line in (b'{"type":"ping","x":NaN}', b'{"type":"ping","x":[-Infinity]}', b'{"type":"ping","x":-1e400}',
+                 b"[" * 30000 + b"]" * 30000):
+        with pytest.raises(proto.ProtocolError):
+            proto.decode(line, proto.CLIENT_TYPES)
+    assert proto.decode(b'{"type":"ping","x":1.5e3}', proto.CLIENT_TYPES)["x"] == 1500.0
+
+
 def test_real_client_gets_notices_and_reconnects_after_a_daemon_restart(tmp_path):
     path = str(tmp_path / "hooks.sock")
 
@@ -153,3 +207,55 @@ def test_config_reroute_and_hooks_options():
         parse_config(base.format(extra='reroute = "sometimes"', tail=""))
     with pytest.raises(ConfigError, match="hooks"):
         parse_config(base.format(extra="", tail="[hooks]\nbogus = 1\n"))
+
+
+def test_hooks_socket_equal_to_control_socket_is_refused_by_validation():
+    from linkpass.config import ConfigError, parse_config
+
+    text = ('[daemon]\nhost = "h0"\nhost_ip = "198.19.0.1"\ncontrol_socket = "/run/lp/h0.sock"\n'
+            '[[rails]]\nid = 0\nnetdev = "rail0"\n[hooks]\nsocket = "{s}"\n')
+    with pytest.raises(ConfigError) as ei:
+        parse_config(text.format(s="/run/lp/./h0.sock"), "lp.toml")
+    msg = str(ei.value)
+    assert "\n" not in msg and msg.startswith("lp.toml: hooks.socket: ") and "daemon.control_socket" in msg
+    assert parse_config(text.format(s="/run/lp/h0.hooks.sock")).hooks.socket == "/run/lp/h0.hooks.sock"
+
+
+def test_reload_warns_once_that_a_new_hooks_socket_needs_a_restart(tmp_path, caplog, monkeypatch):
+    from linkpass.config import load_config
+    from linkpass.daemon import Daemon
+
+    cfg_path = tmp_path / "lp.toml"
+    base = (f'[daemon]\nhost = "h0"\nhost_ip = "198.19.0.1"\ncontrol_socket = "{tmp_path}/c.sock"\n'
+            '[[rails]]\nid = 0\nnetdev = "rail0"\n[probe]\nenabled = false\n[nccl]\nwrite_env_file = false\n')
+    cfg_path.write_text(base)
+    d = Daemon(str(cfg_path), load_config(cfg_path))
+    monkeypatch.setattr(d, "_tune_rails", lambda: None)
+    assert d.hooks.path == f"{tmp_path}/c.hooks.sock"
+    with caplog.at_level("WARNING", logger="linkpass.daemon"):
+        d._reload()  # unchanged: nothing said about the hooks socket
+        assert not any("hooks" in r.getMessage() for r in caplog.records)
+        cfg_path.write_text(base + f'[hooks]\nsocket = "{tmp_path}/new.sock"\n')
+        d._reload()
+    said = [r.getMessage() for r in caplog.records if "hooks" in r.getMessage()]
+    assert len(said) == 1 and f"{tmp_path}/new.sock" in said[0] and "only after a restart" in said[0]
+    assert d.hooks.path == f"{tmp_path}/c.hooks.sock" and d.reload_error is None
+
+
+def test_plain_status_shows_reroute_mode_and_hook_clients(capsys, tmp_path):
+    from linkpass.cli import _print_status
+
+    srv = HookServer(str(tmp_path / "h.sock"), "h0")
+    hooks = srv.status()
+    hooks["clients"] = [{"id": 1, "pid": 11, "job": "llm7", "rank": 0}, {"id": 2, "pid": 12, "job": "llm7", "rank": 1},
+                        {"id": 3, "pid": 13, "registered": False}]
+    st = {"host": "h0", "mode": "host-ip", "generation": 3, "applied_generation": 3, "uptime_s": 1.0, "rails": [],
+          "peers": [], "warnings": [], "reroute": "notify-only", "hooks": hooks}
+    _print_status(st)
+    out = capsys.readouterr().out
+    assert "reroute: notify-only" in out
+    line = next(ln for ln in out.splitlines() if ln.startswith("hook clients:"))
+    assert line.startswith("hook clients: 3 (llm7/0, llm7/1, unregistered(pid 13))")
+    _print_status({**st, "reroute": "kernel", "hooks": None})
+    out = capsys.readouterr().out
+    assert "reroute: kernel" in out and "hook clients: hooks off" in out

@@ -66,17 +66,16 @@ def test_hgx_host_wide_exact_env(hgx):
         "NCCL_IB_HCA": "=" + ",".join(f"{n}:1" for n in HGX_NICS),
         "NCCL_SOCKET_IFNAME": "=" + ",".join(HGX_DEVS),
         "NCCL_CROSS_NIC": "0",
-        "NCCL_IB_RESILIENCY_PORT_FAILOVER": "1",
-        "NCCL_IB_RESILIENCY_PORT_RECOVERY": "1",
     }
-    assert list(env.env) == ["NCCL_IB_HCA", "NCCL_SOCKET_IFNAME", "NCCL_CROSS_NIC",
-                             "NCCL_IB_RESILIENCY_PORT_FAILOVER", "NCCL_IB_RESILIENCY_PORT_RECOVERY"]
+    assert list(env.env) == ["NCCL_IB_HCA", "NCCL_SOCKET_IFNAME", "NCCL_CROSS_NIC"]
     # the front-end ConnectX-7 in Ethernet mode (mlx5_7) and the onboard i210 are not compute rails
     assert "mlx5_7" not in env.env["NCCL_IB_HCA"] and "enp170s0np0" not in env.env["NCCL_SOCKET_IFNAME"]
     assert env.errors == [] and env.warnings == [] and env.lost_rails == []
     assert not env.health_known and env.generation is None and not env.nccl_version_assumed
-    # single-port NICs, one per GPU: NCCL's port failover cannot act, and the result says so
+    # single-port NICs, one per GPU: NCCL's port failover cannot act, the result says so, and the
+    # failover variables are left out (the torch guard would otherwise skip its abort + exit 75)
     assert any("fused NIC" in n and "nccl#2192" in n for n in env.notes)
+    assert not any(k.startswith("NCCL_IB_RESILIENCY") for k in env.env)
 
 
 def test_hgx_gpu_nearest_nic_first(hgx):
@@ -222,6 +221,21 @@ def test_two_healthy_ports_of_one_nic_can_fail_over(tmp_path):
     assert not any("fused NIC" in n for n in env.notes)
 
 
+@pytest.mark.parametrize("version", [(2, 29, 7), (2, 30, 0), None])
+def test_no_failover_variables_without_a_second_healthy_port(tmp_path, version):
+    # dual-port NICs whose second ports are disabled: nothing to fail over to
+    env = compute(machine_topo(tmp_path, st.dual_port()[0]), options=NcclOptions(nccl_version=version))
+    assert env.hcas == ["mlx4_0:1", "mlx4_1:1"]
+    assert not any(k.startswith("NCCL_IB_RESILIENCY") for k in env.env)
+    assert any("no second healthy port" in n and "left out" in n for n in env.notes)
+    # a GPU whose own NIC has a second healthy port gets them, another GPU's env does not
+    m, _ = st.dual_port()
+    m.rdma["mlx4_0"].ports[2] = st.IbPort(rate="56 Gb/sec (4X FDR)", gids=st.ib_gids(0x16))
+    topo = machine_topo(tmp_path / "fused", m)
+    assert compute(topo, gpu=0, options=NcclOptions(nccl_version=version)).env.get("NCCL_IB_RESILIENCY_PORT_FAILOVER") == "1"
+    assert "NCCL_IB_RESILIENCY_PORT_FAILOVER" not in compute(topo, gpu=2, options=NcclOptions(nccl_version=version)).env
+
+
 @pytest.mark.parametrize("version, failover, recovery", [
     ((2, 27, 3), False, False),
     ((2, 29, 6), False, False),
@@ -229,14 +243,17 @@ def test_two_healthy_ports_of_one_nic_can_fail_over(tmp_path):
     ((2, 30, 0), True, True),
     (None, True, True),  # unknown: assume 2.30.0
 ])
-def test_resiliency_variables_follow_the_version(hgx, version, failover, recovery):
-    env = compute(hgx, options=NcclOptions(nccl_version=version))
+def test_resiliency_variables_follow_the_version(tmp_path, version, failover, recovery):
+    m, _ = st.dual_port()
+    m.rdma["mlx4_0"].ports[2] = st.IbPort(rate="56 Gb/sec (4X FDR)", gids=st.ib_gids(0x16))
+    fused = machine_topo(tmp_path, m)
+    env = compute(fused, options=NcclOptions(nccl_version=version))
     assert ("NCCL_IB_RESILIENCY_PORT_FAILOVER" in env.env) == failover
     assert ("NCCL_IB_RESILIENCY_PORT_RECOVERY" in env.env) == recovery
     assert env.nccl_version_assumed == (version is None)
     if version is None:
         assert env.nccl_version == ".".join(map(str, ASSUMED_NCCL_VERSION))
-    off = compute(hgx, options=NcclOptions(ib_resiliency=False, nccl_version=version))
+    off = compute(fused, options=NcclOptions(ib_resiliency=False, nccl_version=version))
     assert not any(k.startswith("NCCL_IB_RESILIENCY") for k in off.env)
 
 

@@ -86,8 +86,10 @@ def test_env_file_from_a_captured_tree_without_daemon(capsys, tree):
                        "--nccl-version", "2.29.7")
     assert rc == 0, err
     lines = [line for line in out.splitlines() if not line.startswith("#")]
-    assert lines == [f"NCCL_IB_HCA={HGX_HCA}", "NCCL_SOCKET_IFNAME==" + ",".join(DEVS), "NCCL_CROSS_NIC=0",
-                     "NCCL_IB_RESILIENCY_PORT_FAILOVER=1"]
+    # one single-port NIC per GPU: no port failover to configure (NVIDIA/nccl#2192), so no
+    # NCCL_IB_RESILIENCY_* (the torch guard would read it as "NCCL fails over" and skip exit 75)
+    assert lines == [f"NCCL_IB_HCA={HGX_HCA}", "NCCL_SOCKET_IFNAME==" + ",".join(DEVS), "NCCL_CROSS_NIC=0"]
+    assert "no second healthy port" in out
     assert out.splitlines()[0].startswith("# linkpass NCCL environment: host=- generation=- gpu=all nccl=2.29.7")
 
 
@@ -316,3 +318,26 @@ def test_nccl_config_section_defaults_and_errors():
                      ('spine = true', "nccl.spine: Extra inputs are not permitted")]:
         with pytest.raises(ConfigError, match=msg):
             parse_config(f'[daemon]\nhost = "a"\nhost_ip = "10.0.0.1"\n[[rails]]\nid = 0\nnetdev = "r0"\n[nccl]\n{bad}\n', "f.toml")
+
+
+def test_topology_warnings_of_a_cut_off_file_are_shown(capsys, tmp_path):
+    src = ROOT / "tests" / "fixtures" / "corpus" / "nccl_topo" / "alibaba_8xA100_mlx5bond_topo.xml"
+    lines = src.read_text().splitlines(keepends=True)
+    cut = tmp_path / "cut.xml"
+    cut.write_text("".join(lines[:len(lines) // 2]))
+    rc, out, err = run(capsys, "nccl-env", "--no-daemon", "--from", str(cut), "--format", "json")
+    assert rc == 0, err  # what could be read is used, as `linkpass topology` does; the warning says it is partial
+    mine = [ln for ln in err.splitlines() if ln.startswith(f"linkpass nccl-env: {cut}: ")]
+    assert len(mine) == 1 and "the topology is cut off" in mine[0], err
+    doc = json.loads(out)
+    assert any(w.startswith(f"{cut}: ") and "cut off" in w for w in doc["warnings"])
+    assert doc["env"]["NCCL_IB_HCA"] == "=mlx5_bond_1:1,mlx5_bond_2:1"  # the NICs before the cut
+    # shell format: the header says it too; exec prints the same line before running CMD
+    rc, out, err = run(capsys, "nccl-env", "--no-daemon", "--from", str(cut))
+    assert rc == 0 and f"# warning: {cut}: " in out and f"linkpass nccl-env: {cut}: " in err
+    p = subprocess.run([sys.executable, "-m", "linkpass.cli", "exec", "--no-daemon", "--from", str(cut), "--", "true"],
+                       capture_output=True, text=True, cwd=ROOT, check=False)
+    assert p.returncode == 0 and f"linkpass exec: {cut}: " in p.stderr and "cut off" in p.stderr
+    # a whole file: no such warning
+    rc, out, err = run(capsys, "nccl-env", "--no-daemon", "--from", str(src))
+    assert rc == 0 and "cut off" not in err

@@ -313,3 +313,34 @@ store.set("done", "1")
     _, after_abort, done, n, secs = line.split()
     assert after_abort == "False"   # abort() alone: still blocked
     assert done == "True" and int(n) >= 1 and float(secs) < 1.0, outs[0]
+
+
+@pytest.mark.parametrize("env, want", [
+    ({}, False),
+    ({"NCCL_IB_RESILIENCY_PORT_FAILOVER": "0"}, False),
+    ({"NCCL_IB_RESILIENCY_PORT_FAILOVER": "1"}, True),  # no HCA list: trusted
+    ({"NCCL_IB_RESILIENCY_PORT_FAILOVER": "1", "NCCL_IB_HCA": "=mlx4_0:1,mlx4_0:2"}, True),
+    ({"NCCL_IB_RESILIENCY_PORT_FAILOVER": "1", "NCCL_IB_HCA": "^mlx5_7"}, True),
+    # one port can never be fused: the guard keeps its abort + exit 75
+    ({"NCCL_IB_RESILIENCY_PORT_FAILOVER": "1", "NCCL_IB_HCA": "=mlx5_0:1"}, False),
+])
+def test_nccl_port_failover_only_when_it_can_act(env, want):
+    from torch_hooks.guard import nccl_port_failover
+
+    ok, why = nccl_port_failover(env)
+    assert ok is want and (why == "") is want
+
+
+def test_nccl_env_and_guard_agree_on_a_one_port_per_nic_node(capsys):
+    """`linkpass nccl-env` on a node whose NICs have one port each exports no failover variable,
+    so the guard reading that environment keeps its abort + exit 75."""
+    from linkpass.cli import main
+    from torch_hooks.guard import nccl_port_failover
+
+    src = ROOT / "tests" / "fixtures" / "corpus" / "ib_tools" / "gpud_a100_all_active.ibstat.txt"
+    rc = main(["nccl-env", "--no-daemon", "--from", str(src), "--format", "json", "--nccl-version", "2.30.0"])
+    doc = json.loads(capsys.readouterr().out)
+    assert rc == 0 and doc["env"]["NCCL_IB_HCA"].startswith("=mlx5_1:1,")
+    assert "NCCL_IB_RESILIENCY_PORT_FAILOVER" not in doc["env"]
+    assert any("no second healthy port" in n for n in doc["notes"])
+    assert nccl_port_failover(doc["env"])[0] is False
