@@ -10,7 +10,7 @@ One emulated fabric (name ``bnbfd`` by default), one linkpass daemon per host wi
 (unless ``--no-bfd``) one FRR ``bfdd`` per host namespace with a single-hop BFD peer over rail 0
 to every other host, ``receive-interval`` = ``transmit-interval`` = ``--interval-ms`` and
 ``detect-multiplier`` = ``--multiplier``.  The daemons' flap damping is disabled (``[damping]
-enabled = false``): the trials are cuts about a second apart, which the damper would otherwise
+enabled = false``) unless ``--damping``: the trials are cuts about a second apart, which the damper would otherwise
 treat as a flapping rail and keep suppressed after the third.  bfdd runs without zebra (it needs none for a
 session bound to local/peer addresses), each instance under its own ``-N`` path space.
 
@@ -25,7 +25,9 @@ the BFD session is back up.  Then, from the daemons' histories (monotonic clock)
 * ``false_failovers``: rail DOWN entries on any rail other than the cut one (any host);
   host 0's rail 0 going DOWN too is counted apart (``peer_side_down``): with one peer on the
   rail it cannot tell a blackhole on host 1's port from one on its own;
-* ``route_changes``: routes_applied entries that replaced or deleted routes;
+* ``route_changes``: routes_applied entries that replaced or deleted routes; per trial and host
+  also those while the fault lasted (``route_changes_in_fault``: with ``--damping`` and a
+  ``flap:MS:N`` burst held for ``--burst-s``, at most one per host is the target);
 * bfdd ``detect_ms``: cut issued -> first poll that reads "down" (resolution: the poll period
   plus one vty round trip, about 0.1 ms);
 * CPU time (utime+stime, /proc/PID/stat) and VmHWM of every linkpass daemon and bfdd over the
@@ -245,9 +247,9 @@ class Bfd:
 class ProbeCluster(BenchCluster):
     """BenchCluster whose daemons' configs carry a ``[probe]`` table with the given timers."""
 
-    def __init__(self, *a, interval_ms: int, multiplier: int, **kw):
+    def __init__(self, *a, interval_ms: int, multiplier: int, damping: bool = False, **kw):
         super().__init__(*a, **kw)
-        self.interval_ms, self.multiplier = interval_ms, multiplier
+        self.interval_ms, self.multiplier, self.damping = interval_ms, multiplier, damping
 
     def up(self) -> dict:
         desc = super().up()
@@ -255,8 +257,9 @@ class ProbeCluster(BenchCluster):
             with open(h["config"], "a", encoding="utf-8") as f:
                 f.write(f"\n[probe]\ninterval_ms = {self.interval_ms}\ndetect_multiplier = {self.multiplier}\n")
                 # repeated cuts a second apart are flaps to the damper: after 3 it would keep
-                # the rail suppressed and later trials would measure nothing
-                f.write("\n[damping]\nenabled = false\n")
+                # the rail suppressed and later trials would measure nothing (--damping keeps it)
+                if not self.damping:
+                    f.write("\n[damping]\nenabled = false\n")
         return desc
 
 
@@ -310,6 +313,8 @@ def run_trials(args, cl: BenchCluster, bfd: Bfd | None) -> list[dict]:
             if lp_down_seen and (bfd is None or bfd_down_ns is not None):
                 break
             time.sleep(poll_s)
+        if args.burst_s > 0:  # keep the fault (a flap burst) going
+            time.sleep(max(0.0, t_cut / 1e9 + args.burst_s - time.monotonic()))
         h = fab.heal(args.name, CUT_HOST, CUT_RAIL)
         t_heal = h["t_issued_ns"] or time.monotonic_ns()
         time.sleep(args.hold_down_ms / 1000)
@@ -349,6 +354,11 @@ def analyse(args, cl: BenchCluster, trials: list[dict], t0: int, t1: int) -> dic
             ap = plan and _first(mine, lambda e, g=gen: e["kind"] == "routes_applied" and e["generation"] >= g)
             if ap:
                 tr["reroute_ms"] = round((ap["t_ns"] - down["t_ns"]) / 1e6, 3)
+        # route changes while the fault lasted (cut -> heal), per host: with damping on, a flap
+        # burst should cost each host at most one (off the rail), whatever the link does
+        tr["route_changes_in_fault"] = {
+            f"h{i}": sum(1 for e in H[i] if t_cut <= e["t_ns"] < t_heal and e["kind"] == "routes_applied"
+                         and (e.get("replaced", 0) + e.get("deleted", 0)) > 0) for i in H}
     in_run = {i: [e for e in H[i] if t0 <= e["t_ns"] < t1] for i in H}
     rail_downs = [(i, e) for i in in_run for e in in_run[i] if e["kind"] == "rail" and e["new"] == "DOWN"]
     false_ff = [f"h{i} rail {e['rail']} ({e.get('reason')})" for i, e in rail_downs if e["rail"] != CUT_RAIL]
@@ -364,6 +374,7 @@ def analyse(args, cl: BenchCluster, trials: list[dict], t0: int, t1: int) -> dic
         "false_failovers": len(false_ff), "false_failover_list": false_ff,
         "peer_side_down": len(peer_side), "peer_side_down_list": peer_side,
         "route_changes": len(changes), "routes_applied_total": len(applied),
+        "route_changes_in_fault_max": max((v for t in trials for v in t["route_changes_in_fault"].values()), default=0),
         "route_errors": [err for e in applied for err in e.get("errors", [])],
     }
     return lp
@@ -377,7 +388,7 @@ def run(args) -> dict:
         bfdd, bfd_note = ensure_bfdd()
         print(f"bfdd: {bfdd or 'unavailable'} ({bfd_note})", flush=True)
     cl = ProbeCluster(args.hosts, args.rails, args.name, args.hold_down_ms,
-                      interval_ms=args.interval_ms, multiplier=args.multiplier)
+                      interval_ms=args.interval_ms, multiplier=args.multiplier, damping=args.damping)
     bfd = None
     bfd_error = None
     t_start = time.monotonic()
@@ -443,7 +454,7 @@ def run(args) -> dict:
         "machine": machine,
         "params": {"mode": args.mode, "trials": args.trials, "hosts": args.hosts, "rails": args.rails,
                    "interval_ms": args.interval_ms, "multiplier": args.multiplier, "hold_down_ms": args.hold_down_ms,
-                   "bfd_poll_ms": args.bfd_poll_ms, "fabric_name": args.name, "cut": {"host": CUT_HOST, "rail": CUT_RAIL}},
+                   "bfd_poll_ms": args.bfd_poll_ms, "fabric_name": args.name, "damping": args.damping, "burst_s": args.burst_s, "cut": {"host": CUT_HOST, "rail": CUT_RAIL}},
         "targets": TARGETS,
         "linkpass": lp,
         "bfdd": bfd_res,
@@ -486,6 +497,8 @@ def print_report(r: dict) -> None:
     c.print(t)
     c.print(f"  linkpass: false failovers {lp['false_failovers']}, peer-side rail DOWN {lp['peer_side_down']}, "
             f"route changes {lp['route_changes']}, route errors {len(lp['route_errors'])}, failback misses {lp['failback_misses']}")
+    c.print(f"  route changes while each fault lasted, per host: max {lp['route_changes_in_fault_max']} "
+            f"(damping {'on' if p.get('damping') else 'off'}; per trial: {[t['route_changes_in_fault'] for t in r['trials']]})")
     if r["comparison"]:
         cm = r["comparison"]
         c.print(f"  bfdd/linkpass detect: p50 x{cm['p50_speedup']}, p99 x{cm['p99_speedup']}; "

@@ -55,6 +55,10 @@ def add_detect_options(ap) -> None:
     ap.add_argument("--bfd-poll-ms", type=float, default=2.0, help="bfdd vty poll period during a cut (default 2)")
     ap.add_argument("--settle-ms", type=float, default=300.0, help="quiet time between trials (default 300)")
     ap.add_argument("--no-bfd", action="store_true", help="linkpass only (no frr install, no bfdd)")
+    ap.add_argument("--damping", action="store_true",
+                    help="keep flap damping on as configured by default (off otherwise: cuts a second apart would be flaps)")
+    ap.add_argument("--burst-s", type=float, default=0.0,
+                    help="keep the fault (e.g. a flap:MS:N burst) this long after the cut before healing (default 0: heal once seen)")
     ap.add_argument("--name", default="bnbfd", help="fabric name (default bnbfd)")
     ap.add_argument("--json", metavar="FILE", help="write the figures as JSON here")
 
