@@ -18,8 +18,8 @@ This is the issue's "CPU per probed path at equal interval, next to bfdd's per s
 Phase 2, loss (``--duration-s``, skipped with 0): ``loss:PCT`` on every host's port on every
 rail at once (each port drops PCT % of frames in each direction, so a probe round trip between
 two hosts crosses four lossy hops: about 1-(1-PCT/100)^4 of round trips are lost, 7.8 % at
-2 %).  Every ``--poll-s`` the script reads each daemon's history (it holds the last 2000
-entries) and keeps every entry once.  At the end it counts:
+2 %).  Nobody queries the daemons during the phase; the counts are the difference of each
+daemon's ``status()["totals"]`` before and after it:
 
 * ``false_failovers``: history ``rail`` entries that made a rail DOWN (the rail is fine: only
   random loss);
@@ -36,7 +36,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
 import sys
 import tempfile
 import time
@@ -44,10 +43,17 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _cluster import BenchCluster, BenchError, machine_info, proc_cpu, proc_mem, run_and_report  # noqa: E402
-from detect_bfd import Bfd, ensure_bfdd  # noqa: E402
+from _cluster import (
+    BenchCluster,
+    BenchError,
+    machine_info,
+    proc_cpu,
+    proc_mem,
+    run_and_report,
+)
+from detect_bfd import Bfd, ensure_bfdd
 
-from linkpass import fabric as fab  # noqa: E402
+from linkpass import fabric as fab
 
 SCHEMA = "linkpass.bench.soak/v1"
 TARGETS = {"false_failovers": 0, "daemon_cpu_pct_8_rails": 10.0}
@@ -71,10 +77,6 @@ class SoakCluster(BenchCluster):
 def _cpu_ns(pid: int) -> int:
     c = proc_cpu(pid)
     return c["sched_ns"] if c["sched_ns"] is not None else c["stat_ns"]
-
-
-def _entry_key(e: dict) -> str:
-    return json.dumps(e, sort_keys=True)
 
 
 def _bfd_down_events(bfd: Bfd) -> dict[int, int | None]:
@@ -139,14 +141,7 @@ def run(args) -> dict:
         result["paths_fast"] = [sum(1 for p in s["paths"] if p.get("fast", True)) for s in st]
 
         if args.duration_s > 0:
-            seen: dict[int, dict[str, dict]] = {i: {} for i in range(args.hosts)}
-
-            def collect():
-                for i in range(args.hosts):
-                    for e in cl.history(i):
-                        seen[i].setdefault(_entry_key(e), e)
-
-            collect()
+            tot0 = [cl.ask(i).get("totals", {}) for i in range(args.hosts)]
             t_cut = time.monotonic_ns()
             bfd_down0 = _bfd_down_events(bfd) if bfd else {}
             for h in range(args.hosts):
@@ -154,35 +149,28 @@ def run(args) -> dict:
                     fab.cut(args.name, h, r, f"loss:{args.loss_pct}")
             print(f"loss:{args.loss_pct} on every port for {args.duration_s} s ...", flush=True)
             l0 = {p: _cpu_ns(p) for p in lp_pids + bfd_pids}
-            end = time.monotonic() + args.duration_s
-            while time.monotonic() < end:
-                time.sleep(min(args.poll_s, max(0.0, end - time.monotonic())))
-                collect()
+            time.sleep(args.duration_s)  # nobody queries the daemons meanwhile
             l1 = {p: _cpu_ns(p) for p in lp_pids + bfd_pids}
             t_end = time.monotonic_ns()
             bfd_down1 = _bfd_down_events(bfd) if bfd else {}
-            collect()
+            st = [cl.ask(i) for i in range(args.hosts)]
             fab.heal(args.name)
             counts = []
             for i in range(args.hosts):
-                es = [e for e in seen[i].values() if t_cut <= e.get("t_ns", 0) <= t_end]
-                counts.append({
-                    "host": f"h{i}",
-                    "false_failovers": sum(1 for e in es if e.get("kind") == "rail" and e.get("new") == "DOWN"),
-                    "path_down": sum(1 for e in es if e.get("kind") == "path" and e.get("new") == "DOWN"),
-                    "path_suspect": sum(1 for e in es if e.get("kind") == "path" and e.get("new") == "SUSPECT"),
-                    "degraded": sum(1 for e in es if e.get("kind") == "degraded"),
-                    "route_changes": sum(1 for e in es if e.get("kind") == "routes_applied"
-                                         and (e.get("replaced", 0) or e.get("deleted", 0))),
-                    "history_entries": len(es),
-                })
-            st = [cl.ask(i) for i in range(args.hosts)]
-            lw = l1[lp_pids[0]] and (t_end - t_cut)
+                d = {k: v - tot0[i].get(k, 0) for k, v in st[i].get("totals", {}).items()}
+                counts.append({"host": f"h{i}", "false_failovers": d.get("rail_down", 0), "path_down": d.get("path_down", 0),
+                               "path_suspect": d.get("path_suspect", 0), "degraded": d.get("degraded", 0),
+                               "route_changes": d.get("route_changes", 0), "totals_delta": d})
+            # the reasons, from what the history still holds
+            reasons = [f"h{i}: {e.get('reason')}" for i in range(args.hosts) for e in cl.history(i)
+                       if e.get("kind") == "rail" and e.get("new") == "DOWN" and t_cut <= e.get("t_ns", 0) <= t_end]
+            lw = t_end - t_cut
             result["loss"] = {
                 "loss_pct_per_port": args.loss_pct, "duration_s": round((t_end - t_cut) / 1e9, 1),
                 "round_trip_loss_expected": round(1 - (1 - args.loss_pct / 100) ** 4, 4),
                 "hosts": counts,
                 "false_failovers": sum(c["false_failovers"] for c in counts),
+                "false_failover_reasons": reasons,
                 "path_down": sum(c["path_down"] for c in counts),
                 "degraded": sum(c["degraded"] for c in counts),
                 "route_changes": sum(c["route_changes"] for c in counts),
@@ -201,7 +189,7 @@ def run(args) -> dict:
         cl.close()
     return {
         "schema": SCHEMA,
-        "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "date_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "machine": machine,
         "params": {k: getattr(args, k) for k in ("hosts", "rails", "interval_ms", "multiplier", "idle_s", "loss_pct",
                                                  "duration_s", "hold_down_ms", "name")},
@@ -231,6 +219,8 @@ def print_report(r: dict) -> None:
               f"(round trips lost: about {100 * loss['round_trip_loss_expected']:.1f} %):")
         print(f"  false failovers {loss['false_failovers']} (target 0), path DOWN {loss['path_down']}, "
               f"DEGRADED {loss['degraded']}, route changes {loss['route_changes']}")
+        for why in loss["false_failover_reasons"]:
+            print(f"    rail DOWN: {why}")
         for c in loss["hosts"]:
             print(f"  {c['host']}: {c}")
         print(f"  probe loss seen per rail: {loss['probe_loss_seen']}")
@@ -252,7 +242,6 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--settle-s", type=float, default=2.0)
     ap.add_argument("--loss-pct", type=int, default=2)
     ap.add_argument("--duration-s", type=float, default=600.0, help="loss phase length; 0 skips it")
-    ap.add_argument("--poll-s", type=float, default=2.0)
     ap.add_argument("--no-bfd", action="store_true")
     ap.add_argument("--name", default="bnsoak")
     ap.add_argument("--json", metavar="FILE")

@@ -12,7 +12,8 @@ Generations: every change of the plan (our usable rails, or the routes wanted) b
 from __future__ import annotations
 
 import logging
-from collections import deque
+import math
+from collections import Counter, deque
 
 from linkpass.config import Config
 from linkpass.core.health import RailHealth, RailState, Transition
@@ -55,7 +56,11 @@ class Engine:
         generation: current plan generation (starts at 0; the first plan is 1).
         rails: per rail id, its :class:`RailHealth`.
         peer_usable: per peer, the rails it last announced usable (absent = never heard).
-        history: recent :class:`HistoryEntry` items, oldest first.
+        history: recent :class:`HistoryEntry` items, oldest first (path UP <-> SUSPECT changes
+            are left out: under ordinary loss they would push everything else out).
+        totals: running counts since start: ``rail_<state>`` and ``path_<state>`` per state
+            entered, ``routes_applied``, ``route_changes`` (applies that replaced or deleted
+            routes), and one per other history kind (``plan``, ``degraded``, ``recovered``, ...).
     """
 
     def __init__(self, cfg: Config):
@@ -68,6 +73,7 @@ class Engine:
         self.peer_last_ns: dict[str, int] = {}
         self.peer_generation: dict[str, int] = {}
         self.history: deque[HistoryEntry] = deque(maxlen=HISTORY_LEN)
+        self.totals: Counter[str] = Counter()  # see _count
         self.warnings: list[str] = []
         self.plan: Plan | None = None
         self.applied_generation = 0
@@ -272,8 +278,12 @@ class Engine:
         changed = False
         t = path.on_result(ev.ok, now_ns, ev.rtt_ns, ev.since_ok_ns)
         if t:
-            self._record("path", now_ns, {"rail": ev.rail, "peer": ev.peer, "old": t[0].value, "new": t[1].value, "event_t_ns": ev.t_ns})
             changed = t[0] == PathState.DOWN or t[1] == PathState.DOWN
+            entry = {"rail": ev.rail, "peer": ev.peer, "old": t[0].value, "new": t[1].value, "event_t_ns": ev.t_ns}
+            if changed or t[0] == PathState.UNKNOWN:
+                self._record("path", now_ns, entry)
+            else:  # UP <-> SUSPECT: hundreds a minute under ordinary loss; counted, not kept
+                self._count("path", entry)
         # the rail's verdict: failed when more than rail_down_share of its probed peers are DOWN.
         # Only peers that answer on some rail (a path UP) count: a peer silent everywhere is a
         # peer problem (dead host, daemon stopped), not evidence against any one rail; and a
@@ -369,6 +379,19 @@ class Engine:
 
     def _record(self, kind: str, t_ns: int, data: dict) -> None:
         self.history.append(HistoryEntry(kind, t_ns, data))
+        self._count(kind, data)
+
+    def _count(self, kind: str, data: dict) -> None:
+        """Running totals since start (``status()["totals"]``): what operators and benchmarks
+        count without reading (or overflowing) the history."""
+        if kind in ("rail", "path"):
+            self.totals[f"{kind}_{data['new'].lower()}"] += 1
+        elif kind == "routes_applied":
+            self.totals["routes_applied"] += 1
+            if data["replaced"] or data["deleted"]:
+                self.totals["route_changes"] += 1
+        else:
+            self.totals[kind] += 1
 
     @property
     def destinations(self) -> frozenset[str]:
@@ -376,16 +399,31 @@ class Engine:
         return self._dsts
 
     def avoided_degraded(self) -> frozenset[int]:
-        """The DEGRADED rails that traffic moves off: all of them when a *better* usable rail
-        exists (not degraded, probe loss under half the threshold), else none.  Rails that are
-        all about equally lossy (a lossy fabric, or a rail hovering at the threshold while the
-        other is just under it) keep their traffic where it is: moving it would change routes
-        for no gain."""
-        if not self.degraded:
-            return frozenset()
-        half = self.cfg.probe.degraded_loss / 2
-        better = any(rid not in self.degraded and (self.rail_loss(rid) or 0.0) < half for rid in self.local_usable())
-        return frozenset(self.degraded) if better else frozenset()
+        """The DEGRADED rails that traffic moves off: those for which a *better* usable rail
+        exists, one that is not DEGRADED and whose probe loss is lower by a statistically clear
+        margin (two-proportion z-test over the loss windows: z >= 3 to start avoiding a rail,
+        z >= 2 to keep avoiding it).  Rails that are about equally lossy (a lossy fabric, or one
+        rail hovering at the threshold while the other is just under it) keep their traffic:
+        moving it would change routes for no gain, back and forth with the window's noise."""
+        out = set()
+        for d in self.degraded:
+            need = 2.0 if d in self._avoided else 3.0
+            if any(b not in self.degraded and self._loss_z(d, b) >= need for b in self.local_usable()):
+                out.add(d)
+        return frozenset(out)
+
+    def _loss_z(self, worse: int, better: int) -> float:
+        """z score of 'rail ``worse`` loses more probes than rail ``better``' (0 when unknown)."""
+        if worse not in self.loss or better not in self.loss:
+            return 0.0
+        (lw, nw), (lb, nb) = self.loss[worse], self.loss[better]
+        if nw < 20 or nb < 20:
+            return 0.0
+        p = (lw * nw + lb * nb) / (nw + nb)
+        se = math.sqrt(p * (1 - p) * (1 / nw + 1 / nb))
+        if se == 0:
+            return math.inf if lw > lb else 0.0
+        return (lw - lb) / se
 
     def local_usable(self) -> frozenset[int]:
         """Ids of our rails that may carry traffic now."""
@@ -470,6 +508,7 @@ class Engine:
             "route_errors": list(self.apply_errors),
             "route_conflicts": list(self.conflicts),
             "warnings": list(self.warnings),
+            "totals": dict(sorted(self.totals.items())),
             "paths": [{"rail": r, "peer": p, "state": h.state.value, "misses": h.misses,
                        "rtt_ms": None if h.last_rtt_ns is None else round(h.last_rtt_ns / 1e6, 3)}
                       for (r, p), h in sorted(self.paths.items())],

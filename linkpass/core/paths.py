@@ -66,7 +66,9 @@ class PathHealth:
         if new not in PATH_TRANSITIONS[old]:
             raise IllegalPathTransition(f"path rail {self.rail} -> {self.peer}: {old.value} -> {new.value}")
         self.state, self.since_ns = new, now_ns
-        log.info("path rail %d -> %s: %s -> %s (%s)", self.rail, self.peer, old.value, new.value, reason)
+        # UP <-> SUSPECT happens all the time under ordinary loss: debug; anything with DOWN, info
+        level = logging.INFO if PathState.DOWN in (old, new) or old == PathState.UNKNOWN else logging.DEBUG
+        log.log(level, "path rail %d -> %s: %s -> %s (%s)", self.rail, self.peer, old.value, new.value, reason)
         return old, new
 
     def on_result(self, ok: bool, now_ns: int, rtt_ns: int | None = None,
