@@ -8,6 +8,7 @@
     linkpass topology capture --out DIR
     linkpass nccl-env [--local-rank N | --gpu N] [--format shell|json|env-file]
     linkpass exec [--local-rank N] -- CMD ARGS...
+    linkpass classify [FILE ...|-] [--json] [--topology FILE]
 
 Exit codes: 0 success, 1 runtime failure, 2 bad input (config, arguments), 3 daemon not reachable.
 """
@@ -181,6 +182,10 @@ def build_parser() -> argparse.ArgumentParser:
     from linkpass.nccl_cli import register as register_nccl
 
     register_nccl(sub)
+
+    from linkpass.classify_cli import register as register_classify
+
+    register_classify(sub)
 
     d = sub.add_parser("demo", help="fabric + daemons + a gloo training job that keeps training through a rail cut")
     d.add_argument("--hosts", type=int, default=2)

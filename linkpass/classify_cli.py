@@ -1,0 +1,136 @@
+"""`linkpass classify`: kernel-log and NCCL/PyTorch error lines -> incidents.
+
+    linkpass classify [FILE ...|-] [--json] [--topology FILE ...]
+
+All FILEs (``-`` or none: stdin) are read as one host's evidence, in the order given, so a
+kernel log and an NCCL log of the same host can explain each other; line numbers count
+through the files in that order.  ``--topology`` takes captured tool outputs (NCCL topology
+XML, ``nvidia-smi topo -m``, ``ibstat``, ``ibdev2netdev``, ``rdma link``...), read as
+``linkpass topology --from`` reads them; with it, link events on ports that are not compute
+rails are benign.  The classification is :func:`linkpass.core.classify.classify_report`.
+
+Output: with ``--json`` one JSON object per incident and line (exactly the fields domain,
+device, code, action, remedy, secondary_of, first_line, last_line); else a table.
+
+Exit codes: 0 whatever the evidence says (faults included); 2 unreadable input (a missing,
+unreadable, directory or binary FILE, or a ``--topology`` file from which nothing could be
+read): one line on stderr naming the file.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from linkpass.core.classify import Classification, classify_report
+
+PROG = "linkpass classify"
+#: more than this is not a log excerpt; only the first part is read
+MAX_BYTES = 256 * 1024 * 1024
+
+
+class _BadInput(Exception):
+    """One line for stderr, exit 2."""
+
+
+def register(sub) -> None:
+    """Add the ``classify`` sub-command to an argparse sub-parsers object."""
+    c = sub.add_parser("classify", help="read kernel-log / NCCL error lines and say what broke (GPU, NVLink, NIC link, app, ...)",
+                       description="Classify kernel-log and NCCL/PyTorch error lines into incidents: domain, device, "
+                       "code, what linkpass does (action) and what the operator should do (remedy).")
+    c.add_argument("files", nargs="*", metavar="FILE", help="log files ('-' or none: stdin), read as one host's evidence")
+    c.add_argument("--json", action="store_true", help="JSON lines, one incident each")
+    c.add_argument("--topology", action="append", default=[], metavar="FILE",
+                   help="captured topology tool output (as for `linkpass topology --from`); repeatable")
+    c.set_defaults(func=cmd_classify)
+
+
+def _read(name: str) -> bytes:
+    if name == "-":
+        data = sys.stdin.buffer.read(MAX_BYTES) if hasattr(sys.stdin, "buffer") else sys.stdin.read().encode()
+        label = "stdin"
+    else:
+        label = name
+        p = Path(name)
+        try:
+            with p.open("rb") as fh:
+                data = fh.read(MAX_BYTES)
+        except FileNotFoundError:
+            raise _BadInput(f"{name}: no such file") from None
+        except IsADirectoryError:
+            raise _BadInput(f"{name}: is a directory") from None
+        except PermissionError:
+            raise _BadInput(f"{name}: permission denied") from None
+        except OSError as e:
+            raise _BadInput(f"{name}: cannot read: {e.strerror or e}") from None
+    if b"\x00" in data[:8192]:
+        raise _BadInput(f"{label}: binary data, not a log")
+    return data
+
+
+def _topology(files: list[str]):
+    from topology.affinity import analyse
+    from topology.importers import parse_file
+    from topology.model import merge
+
+    parts = [parse_file(f) for f in files]
+    for f, t in zip(files, parts):
+        if not (t.nics or t.gpus):
+            why = "; ".join(t.warnings) or f"{f}: no GPU or NIC in it"
+            raise _BadInput(f"--topology: {why}")
+    topo = analyse(merge(parts))
+    for w in topo.warnings:
+        print(f"{PROG}: {w}", file=sys.stderr)
+    return topo
+
+
+def run(files: list[str], topology_files: list[str]) -> Classification:
+    """Read and classify; raises :class:`_BadInput` on unreadable input."""
+    topo = _topology(topology_files) if topology_files else None
+    lines: list[str] = []
+    for name in files or ["-"]:
+        lines += _read(name).decode("utf-8", errors="replace").splitlines()
+    return classify_report(lines, topo)
+
+
+def cmd_classify(args) -> int:
+    try:
+        result = run(args.files, args.topology)
+    except _BadInput as e:
+        print(f"{PROG}: {e}", file=sys.stderr)
+        return 2
+    if result.skipped:
+        print(f"{PROG}: skipped {len(result.skipped)} unreadable line(s) (first: line {result.skipped[0]})", file=sys.stderr)
+    if args.json:
+        for inc in result.incidents:
+            print(json.dumps(inc.to_json()))
+        return 0
+    _print_table(result)
+    return 0
+
+
+_COLORS = {"gpu": "red", "nvlink": "red", "gpu-memory": "yellow", "nic-link": "magenta", "nic-device": "magenta",
+           "app": "cyan", "config": "yellow", "benign": "green", "unattributed": "white"}
+
+
+def _print_table(result: Classification) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    c = Console()
+    if not c.is_terminal:  # a pipe or file: do not cut the bus ids and codes short
+        c = Console(width=160)
+    incs = result.incidents
+    roots = sum(1 for i in incs if i.secondary_of is None)
+    if not incs:
+        c.print(f"no incidents in {result.lines} line(s)", highlight=False)
+        return
+    t = Table("#", "domain", "device", "code", "action", "remedy", "follows", "lines", "seen")
+    for n, i in enumerate(incs):
+        lines = f"{i.first_line}" if i.first_line == i.last_line else f"{i.first_line}-{i.last_line}"
+        t.add_row(str(n), f"[{_COLORS.get(i.domain, 'white')}]{i.domain}[/]", i.device or "-", i.code,
+                  f"[bold]{i.action}[/]" if i.action != "none" else i.action, i.remedy,
+                  "-" if i.secondary_of is None else f"#{i.secondary_of}", lines, f"{i.count}x")
+    c.print(t)
+    c.print(f"{len(incs)} incident(s), {roots} root(s), from {result.lines} line(s)", highlight=False)
