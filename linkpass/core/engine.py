@@ -401,13 +401,13 @@ class Engine:
     def avoided_degraded(self) -> frozenset[int]:
         """The DEGRADED rails that traffic moves off: those for which a *better* usable rail
         exists, one that is not DEGRADED and whose probe loss is lower by a statistically clear
-        margin (two-proportion z-test over the loss windows: z >= 3 to start avoiding a rail,
+        margin (two-proportion z-test over the loss windows: z >= 4 to start avoiding a rail,
         z >= 2 to keep avoiding it).  Rails that are about equally lossy (a lossy fabric, or one
         rail hovering at the threshold while the other is just under it) keep their traffic:
         moving it would change routes for no gain, back and forth with the window's noise."""
         out = set()
         for d in self.degraded:
-            need = 2.0 if d in self._avoided else 3.0
+            need = 2.0 if d in self._avoided else 4.0
             if any(b not in self.degraded and self._loss_z(d, b) >= need for b in self.local_usable()):
                 out.add(d)
         return frozenset(out)
