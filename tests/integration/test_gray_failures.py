@@ -90,37 +90,69 @@ def test_heavy_loss_is_routed_around_on_every_host_and_back_after_heal(trio):
              timeout=40, what="both rails everywhere after the heal")
 
 
-def test_flap_storm_is_suppressed_with_one_route_change_and_released(tmp_path):
-    """A storm of 20 flaps (200 ms period) on h1's rail 0, damping with a 2 s half-life: the rail
-    is suppressed, h1 changes its routes once for the whole burst (off rail 0), and after the
-    storm the penalty decays below reuse and the rail fails back."""
+def _damped_trio(tmp_path, half_life_ms):
+    c = Cluster(hosts=3, rails=2, hold_down_ms=300, tmp=tmp_path)
+    for h in c.desc["hosts"]:
+        with open(h["config"], "a") as f:
+            f.write("\n[probe]\ninterval_ms = 20\ndetect_multiplier = 5\n"
+                    f"\n[damping]\nhalf_life_ms = {half_life_ms}\nsuppress = 2500\nreuse = 800\nmax_penalty = 4000\n")
+    c.start_all()
+    wait_for(lambda: all(p["state"] == "UP" for i in range(3) for p in c.status(i)["paths"])
+             and all(len(c.status(i)["paths"]) == 4 for i in range(3)), timeout=10, what="all paths UP")
+    return c
+
+
+def _changes(c, i=1):
+    return c.status(i)["totals"].get("route_changes", 0)
+
+
+def test_fast_flap_storm_costs_one_route_change(tmp_path):
+    """20 flaps of 200 ms (100 ms down, 100 ms up) on h1's rail 0: the link never stays up for
+    the 300 ms hold-down, so h1 moves off the rail once and stays off for the whole burst."""
     import time
 
-    c = Cluster(hosts=3, rails=2, hold_down_ms=300, tmp=tmp_path)
+    c = _damped_trio(tmp_path, 4000)
     try:
-        for h in c.desc["hosts"]:
-            with open(h["config"], "a") as f:
-                f.write("\n[probe]\ninterval_ms = 20\ndetect_multiplier = 5\n"
-                        "\n[damping]\nhalf_life_ms = 2000\nsuppress = 2500\nreuse = 800\nmax_penalty = 4000\n")
-        c.start_all()
-        wait_for(lambda: all(p["state"] == "UP" for i in range(3) for p in c.status(i)["paths"])
-                 and all(len(c.status(i)["paths"]) == 4 for i in range(3)), timeout=10, what="all paths UP")
-        before = c.status(1)["totals"].get("route_changes", 0)
+        before = _changes(c)
         fab.cut(c.name, 1, 0, "flap:200:20")
-        suppressed = False
-        t_end = time.monotonic() + 4.2  # the storm lasts 20 x 200 ms
+        time.sleep(3.9)  # the burst lasts 4 s; the fail-back comes a hold-down after it
+        assert _changes(c) - before == 1
+        assert c.route_rails(1, 0) == [1]
+        fab.heal(c.name, 1, 0)
+        wait_for(lambda: c.route_rails(1, 0) == [0, 1], timeout=10, what="fail back after the storm")
+    finally:
+        c.close()
+
+
+def test_slow_flap_storm_is_suppressed_then_released(tmp_path):
+    """Flaps of 1 s (500 ms down, 500 ms up: longer than the hold-down, so each one fails back
+    and counts): the penalty passes `suppress` at the third down, the rail stays out of use for
+    the rest of the burst (no route change on h1 whatever the link does), and after the storm the
+    penalty decays below `reuse` and the rail fails back once."""
+    import time
+
+    c = _damped_trio(tmp_path, 4000)
+    try:
+        before = _changes(c)
+        fab.cut(c.name, 1, 0, "flap:1000:10")
+        t_end = time.monotonic() + 10.0
+        t_sup = None
         while time.monotonic() < t_end:
             r0 = next(r for r in c.status(1)["rails"] if r["id"] == 0)
-            suppressed = suppressed or bool(r0["damping"] and r0["damping"]["suppressed"])
-            time.sleep(0.1)
-        during = c.status(1)["totals"].get("route_changes", 0) - before
-        assert suppressed, "rail 0 was never suppressed"
-        assert during <= 1, f"{during} route changes on h1 during one suppressed flap burst"
-        assert c.route_rails(1, 0) == [1]  # still off the rail: suppressed, though the link is up now
+            if t_sup is None and r0["damping"] and r0["damping"]["suppressed"]:
+                t_sup = time.monotonic()
+                at_sup = _changes(c)
+            time.sleep(0.05)
+        assert t_sup is not None, "rail 0 was never suppressed"
+        during = _changes(c) - before
+        assert _changes(c) == at_sup, "routes changed while the rail was suppressed"
+        assert during <= 5, f"{during} route changes before suppression (3 downs + 2 fail-backs expected at most)"
+        assert c.route_rails(1, 0) == [1]
         fab.heal(c.name, 1, 0)
-        # penalty <= 4000 decays to 800 in log2(5) x 2 s = 4.6 s, then the 300 ms hold-down
-        wait_for(lambda: c.route_rails(1, 0) == [0, 1] and c.route_rails(0, 1) == [0, 1], timeout=15, what="released")
-        after = c.status(1)["totals"].get("route_changes", 0) - before
-        assert after == during + 1  # and one more to fail back
+        # penalty <= 4000 decays to 800 in log2(5) x 4 s = 9.3 s, then the 300 ms hold-down
+        wait_for(lambda: c.route_rails(1, 0) == [0, 1] and c.route_rails(0, 1) == [0, 1], timeout=20, what="released")
+        wait_for(lambda: _changes(c) - before == during + 1, timeout=2, what="one more route change: the fail-back")
+        time.sleep(0.5)
+        assert _changes(c) - before == during + 1
     finally:
         c.close()
