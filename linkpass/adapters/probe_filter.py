@@ -15,7 +15,6 @@ dead peer is a path problem, not loss on the rail.
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections import deque
 from collections.abc import Callable
 
@@ -23,6 +22,7 @@ from linkpass.config import Config
 from linkpass.core.model import Event, ProbeLoss, ProbeResult
 
 REPORT_S = 0.25
+REPORT_NS = int(REPORT_S * 1e9)
 
 
 class ProbeFilter:
@@ -44,7 +44,7 @@ class ProbeFilter:
         self.revived_ns: dict[tuple[int, str], int] = {}  # path -> when it last answered after being dead
         self.rail_n: dict[int, int] = {}  # per rail, over its live paths: probes in the window
         self.rail_lost: dict[int, int] = {}  # ... and of those, lost
-        self.last_report: dict[int, float] = {}
+        self.last_report: dict[int, int] = {}  # rail -> t_ns of its last ProbeLoss
         self.last_side: dict[int, bool] = {}
         self.forwarded = 0
         self.absorbed = 0
@@ -93,11 +93,20 @@ class ProbeFilter:
         for one dead peer.  It counts again from its next answer, with its window restarted
         there (the dead time is not loss either)."""
         rail = ev.rail
+        win = self.path_window.get(key)
+        if ev.ok and win and not self.streak.get(key, 0) and win[0][0] >= ev.t_ns - self.cfg.probe.loss_window_ms * 1_000_000:
+            # the common case, kept cheap (thousands a second): an answer on a live path whose
+            # window has nothing to expire
+            win.append((ev.t_ns, True))
+            n = self.rail_n[rail] = self.rail_n.get(rail, 0) + 1
+            self._report(rail, self.rail_lost.get(rail, 0) / n, n, ev.t_ns)
+            return
         if not ev.ok and ev.t_ns < self.revived_ns.get(key, -1) + self.cfg.probe.interval_ms * 1_000_000:
             return  # a probe sent while the path was still dead, lost after it came back: not loss
         was_live = self._live(key)
         self.streak[key] = 0 if ev.ok else self.streak.get(key, 0) + 1
-        win = self.path_window.setdefault(key, deque())
+        if win is None:
+            win = self.path_window[key] = deque()
         if not was_live:  # a dead path answers again: its silence was not loss, start afresh
             self.revived_ns[key] = ev.t_ns
             win.clear()
@@ -122,10 +131,13 @@ class ProbeFilter:
             self.rail_n[rail] = self.rail_n.get(rail, 0) + len(win)
             self.rail_lost[rail] = self.rail_lost.get(rail, 0) + lost
         n = self.rail_n.get(rail, 0)
-        ratio = self.rail_lost.get(rail, 0) / n if n else 0.0
+        self._report(rail, self.rail_lost.get(rail, 0) / n if n else 0.0, n, ev.t_ns)
+
+    def _report(self, rail: int, ratio: float, n: int, t_ns: int) -> None:
+        """Post the rail's ratio at most every REPORT_S, and at once when it crosses the
+        DEGRADED threshold."""
         side = ratio > self.cfg.probe.degraded_loss
-        now = time.monotonic()
-        if side != self.last_side.get(rail, False) or now - self.last_report.get(rail, 0.0) >= REPORT_S:
+        if side != self.last_side.get(rail, False) or t_ns - self.last_report.get(rail, -REPORT_NS) >= REPORT_NS:
             self.last_side[rail] = side
-            self.last_report[rail] = now
-            self.post(ProbeLoss(rail, ratio, n, ev.t_ns))
+            self.last_report[rail] = t_ns
+            self.post(ProbeLoss(rail, ratio, n, t_ns))

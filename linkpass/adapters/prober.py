@@ -128,6 +128,8 @@ class Prober:
         self.path_stats: dict[tuple[int, str], wire.PathStats] = {}
         self._seq = time.time_ns()  # a restarted prober never reuses a recent seq
         self._priority: list[str] = []
+        self._ips: dict[tuple[int, str], str] = {}
+        self._ips_of: Config | None = None
         self._last_ok: dict[tuple[int, str], int] = {}  # path -> when its last reply came (ns)
         self._silenced: dict[tuple[int, str], int] = {}  # path -> the _last_ok whose silence was handled
         self._reply_seq: dict[tuple[int, str], int] = {}  # path -> seq of the last reply accepted (our acks)
@@ -407,11 +409,11 @@ class Prober:
     # ---------------------------------------------------------------- send
 
     def _peer_ip(self, rail: int, peer: str) -> str | None:
-        for p in self.cfg.peers:
-            if p.name == peer:
-                a = p.rail_ips.get(rail)
-                return None if a is None else str(a)
-        return None
+        cfg = self.cfg
+        if self._ips_of is not cfg:  # one lookup table per config, not a scan per probe
+            self._ips = {(int(r), p.name): str(a) for p in cfg.peers for r, a in p.rail_ips.items()}
+            self._ips_of = cfg
+        return self._ips.get((rail, peer))
 
     def _send(self, s: wire.Send, now: int) -> None:
         if self._passive(s, now):
