@@ -464,7 +464,9 @@ class Prober:
                 self._answer(p, addr)
                 self._proof(p, now)
                 return
-            self._expire(now)  # a probe whose deadline passed is lost before any reply counts
+            dl = self.guard.next_deadline_ns()
+            if dl is not None and dl <= now:
+                self._expire(now)  # a probe whose deadline passed is lost before any reply counts
             pend = self.guard.check(p, now)
         except wire.ProbeError as e:
             self._reject(e.kind, addr, e)
