@@ -193,7 +193,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--steps", type=int, default=300)
     d.add_argument("--json", metavar="FILE", help="write the result as JSON")
     d.add_argument("--name", default="lpdemo", help="fabric name (default lpdemo)")
-    d.add_argument("--mode", default="carrier-loss", help="cut mode: carrier-loss (default) or admin-down")
+    d.add_argument("--mode", default="carrier-loss", help="cut mode: carrier-loss (default), admin-down or blackhole")
     d.add_argument("--scenario", default="reroute", choices=["reroute", "rebuild"],
                    help="reroute (default): kernel routes carry the job around the cut; rebuild: no route changes "
                    "(reroute = notify-only), the torch hook rebuilds the job's process group on another rail")
