@@ -18,7 +18,8 @@ Latencies (monotonic clock, one machine so all processes share it):
   declares the rail DOWN;
 * ``reroute_ms``: declared -> the faulty host's routes without the rail are in the kernel
   (netlink ACK);
-* ``peer_reroute_ms``: declared on the faulty host -> the slowest peer's routes are replaced;
+* ``peer_reroute_ms``: declared on the faulty host -> the slowest peer's routes are replaced
+  (negative when the peer's own probes saw a blackhole before the faulty host did);
 * ``failback_ms``: heal issued -> routes using the rail again are in the kernel on the faulty
   host (includes the hold-down, 2 s by default).
 """
@@ -227,7 +228,10 @@ class Demo:
                     continue
                 pr = next((e for e in hh if e["kind"] == "peer_rails" and e["peer"] == f"h{host}" and e["t_ns"] >= t_cut and rail not in e["usable"]), None)
                 if pr:
-                    pplan = next((e for e in hh if e["kind"] == "plan" and e["t_ns"] >= pr["t_ns"]), None)
+                    # the peer's first plan without that rail: after the notice, or earlier when its
+                    # own probes saw the fault first (a blackhole looks the same from both ends)
+                    pplan = next((e for e in hh if e["kind"] == "plan" and e["t_ns"] >= t_cut
+                                  and (e["t_ns"] >= pr["t_ns"] or rail not in e["usable"])), None)
                     ap = pplan and next((e for e in hh if e["kind"] == "routes_applied" and e["generation"] >= pplan["generation"]), None)
                     if ap:
                         peer_times.append((ap["t_ns"] - t_dec) / 1e6)
