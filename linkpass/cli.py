@@ -99,6 +99,12 @@ def _status_lines(st: dict, max_clients: int = 8) -> list[str]:
         more = f", +{len(names) - max_clients} more" if len(names) > max_clients else ""
         out.append(f"hook clients: {len(clients)}" + (f" ({', '.join(names[:max_clients])}{more})" if names else "")
                    + f"  on {hooks.get('socket', '?')}")
+    counts = st.get("incident_counts")
+    if counts is not None:
+        srcs = ",".join(sorted(st.get("device_sources") or {})) or "none"
+        out.append(f"device incidents: {sum(counts.values())}"
+                   + (f" ({', '.join(f'{d} {n}' for d, n in sorted(counts.items()))})" if counts else "")
+                   + f"  sources: {srcs}")
     return out
 
 

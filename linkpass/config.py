@@ -215,6 +215,23 @@ class HooksSection(_Strict):
     max_clients: StrictInt = Field(1024, ge=1, le=65536, description="Connections beyond this are refused.")
 
 
+class DeviceSection(_Strict):
+    """The ``[device]`` table: live device evidence (issue 6, part 3).  Each source that cannot
+    run here (no /dev/kmsg access, no GPU driver or nvidia-ml-py, no pyverbs or RDMA device) is
+    off with one log line; the daemon runs without it."""
+
+    kmsg: bool = Field(True, description="Follow the kernel log and classify it (linkpass.core.classify).")
+    kmsg_path: str = Field("/dev/kmsg", min_length=1, description="What to follow: /dev/kmsg, or a FIFO or a file that "
+                           "is appended to with kmsg-style records (prio,seq,usec,flags;message) or plain log lines.")
+    state_dir: str = Field("/var/lib/linkpass", min_length=1, description="Directory for the kmsg follower's last "
+                           "sequence number (kmsg.state), so a restarted daemon resumes where it stopped; "
+                           "unwritable = no resume (logged).")
+    window_lines: StrictInt = Field(400, ge=10, le=100_000, description="Recent kernel-log lines kept so follow-on "
+                                    "events (Xid 45, flush errors...) link to their root incident.")
+    nvml: bool = Field(True, description="Wait for NVML Xid events (nvidia-ml-py) when a GPU driver is present.")
+    rdma: bool = Field(True, description="Read RDMA async port events through pyverbs when it is installed.")
+
+
 class Config(_Strict):
     """The whole validated configuration."""
 
@@ -226,6 +243,7 @@ class Config(_Strict):
     damping: DampingSection = Field(default_factory=DampingSection)
     hooks: HooksSection = Field(default_factory=HooksSection)
     nccl: NcclSection = Field(default_factory=NcclSection)
+    device: DeviceSection = Field(default_factory=DeviceSection)
 
     @property
     def auto(self) -> bool:

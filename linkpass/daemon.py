@@ -5,8 +5,9 @@
     NetlinkMonitor ─┐
     NoticeService  ─┼─> asyncio.Queue ─> Engine.handle(event, now) ─> actions
     RouteActuator  ─┤                                             ├─> RouteActuator.submit
-    timer (Tick)   ─┘                                             ├─> NoticeService.submit
-                                                                  └─> timer
+    timer (Tick)   ─┤                                             ├─> NoticeService.submit
+    KmsgFollower,  ─┘  (DeviceIncident)                           ├─> HookServer (device_fault)
+    NVML, RDMA events                                             └─> timer
 Signals: SIGTERM/SIGINT stop the daemon and leave routes as they are (traffic must not drop
 because the daemon stops); SIGHUP reloads the config (an invalid new config is logged and
 the old one kept).  The control socket answers ``{"cmd": "status"}`` with a JSON status.
@@ -25,6 +26,7 @@ import time
 from pathlib import Path
 
 from linkpass.adapters.hook_server import HookServer, PlanState, default_socket_path
+from linkpass.adapters.kmsg import KmsgFollower
 from linkpass.adapters.nccl_file import NcclEnvFile
 from linkpass.adapters.netlink import NetlinkMonitor
 from linkpass.adapters.notices import NoticeService
@@ -33,7 +35,7 @@ from linkpass.adapters.prober import Prober
 from linkpass.adapters.routes import RouteActuator
 from linkpass.config import Config, ConfigError, load_config, read_key_file
 from linkpass.core.engine import Engine
-from linkpass.core.model import ApplyRoutes, LinkChanged, RefreshNeighbors, RoutesApplied, SendNotice, SetTimer, Tick
+from linkpass.core.model import ApplyRoutes, LinkChanged, NotifyDeviceFault, RefreshNeighbors, RoutesApplied, SendNotice, SetTimer, Tick
 
 log = logging.getLogger("linkpass.daemon")
 
@@ -83,6 +85,7 @@ class Daemon:
         self.hooks = HookServer(cfg.hooks.socket or default_socket_path(cfg.daemon.control_socket), cfg.daemon.host,
                                 [p.name for p in cfg.peers], self.prober.set_priority_peers if self.prober else None,
                                 cfg.hooks.max_clients) if cfg.hooks.enabled else None
+        self.device_sources: dict = {}  # name -> running live device source (kmsg, nvml, rdma)
         self.routes_skipped = 0
         self._timer: asyncio.TimerHandle | None = None
         self._stop = asyncio.Event()
@@ -151,6 +154,58 @@ class Daemon:
                 self._set_timer(a.at_ns)
             elif isinstance(a, RefreshNeighbors):
                 asyncio.get_running_loop().create_task(self.routes.refresh_neighbors(a.netdev))
+            elif isinstance(a, NotifyDeviceFault):
+                self._device_fault(a)
+
+    def _device_fault(self, a: NotifyDeviceFault) -> None:
+        """A device fault that needs its rank moved: tell the hooks, and the operators (log)."""
+        inc = a.incident
+        sent = self.hooks.publish_device_fault(inc.to_json(), inc.gpu, inc.t_ns) if self.hooks else 0
+        log.warning("DEVICE FAULT on %s: %s %s (%s): %s; remedy: %s; told %d hook client(s) to move the rank",
+                    inc.device or "unknown device", inc.domain, inc.code, inc.source, inc.summary or "-", inc.remedy, sent)
+
+    # ------------------------------------------------------------------ live device sources
+
+    def _gpu_index(self, bus: str) -> int | None:
+        """NVML index of the GPU at PCI bus id ``bus``: from NVML when it runs, else from the
+        discovered topology (auto mode); None when unknown."""
+        nv = self.device_sources.get("nvml")
+        if nv is not None:
+            i = nv.gpu_index(bus)
+            if i is not None:
+                return i
+        topo = self.nccl_topology
+        for g in getattr(topo, "gpus", None) or ():
+            if g.pci_bus_id == bus and g.index is not None:
+                return g.index
+        return None
+
+    def _start_device_sources(self) -> None:
+        """Start the live device sources the config asks for and this host has (DESIGN.md:
+        adapters kmsg/nvml/rdma); one that cannot run here is off, logged by the source."""
+        d = self.cfg.device
+        post = self.queue.put_nowait
+        if d.nvml:
+            from linkpass.adapters.nvml_events import NvmlXidSource
+            nv = NvmlXidSource(post)
+            if nv.open():
+                self.device_sources["nvml"] = nv
+        if d.kmsg:
+            k = KmsgFollower(d.kmsg_path, post, d.state_dir, self.cfg.daemon.host, d.window_lines,
+                             self.nccl_topology, self._gpu_index)
+            if k.open():
+                self.device_sources["kmsg"] = k
+        if d.rdma:
+            from linkpass.adapters.rdma_events import RdmaPortEvents
+            topo = self.nccl_topology
+            compute = None
+            if topo is not None and getattr(topo, "nics", None):
+                compute = [n.name for n in topo.nics if getattr(n, "role", None) == "compute"]
+            r = RdmaPortEvents(post, compute_hcas=compute)
+            if r.open():
+                self.device_sources["rdma"] = r
+        for name, src in self.device_sources.items():
+            self._supervise(f"device-{name}", src.run())
 
     def _set_timer(self, at_ns: int) -> None:
         if self._timer:
@@ -199,6 +254,7 @@ class Daemon:
             "probe_results_forwarded": self.probe_filter.forwarded,
             "probe_results_absorbed": self.probe_filter.absorbed,
         }
+        st["device_sources"] = {name: src.status() for name, src in self.device_sources.items()}
         return st
 
     async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -354,6 +410,7 @@ class Daemon:
         self._supervise("engine", self._engine_loop())
         self._supervise("routes", self.routes.run())
         self._supervise("netlink", self.monitor.run())
+        self._start_device_sources()
         # Everything built so far lives as long as the daemon: move it out of the collector's
         # reach, so full collections stay short (they caused 20-35 ms pauses before; bench/).
         gc.collect()

@@ -25,6 +25,10 @@ Daemon -> client:
 * ``notice``: :func:`build_notice`; one per plan change (plan generation bump), to every
   registered client.
 * ``pong``; ``error``: ``{"type": "error", "error": str}`` for a message the daemon dropped.
+* ``device_fault``: :func:`build_device_fault`; a device fault on this host that needs a rank
+  moved (a GPU fell off the bus, an uncorrectable ECC error...), sent to the clients whose
+  ``gpu`` is the faulty one, or to every registered client when the daemon cannot tell which
+  GPU index the fault's PCI bus id is (``gpu`` null).  Clients that do not know it ignore it.
 
 Generations: a notice carries the daemon's plan ``generation`` and ``instance`` (a token
 that changes when the daemon restarts, since a restarted daemon counts generations from 1
@@ -46,7 +50,7 @@ PROTOCOL_VERSION = 1
 #: Longest line either side accepts, newline included (bytes).
 MAX_MESSAGE_BYTES = 64 * 1024
 CLIENT_TYPES = frozenset({"register", "report", "ping"})
-SERVER_TYPES = frozenset({"registered", "notice", "pong", "error"})
+SERVER_TYPES = frozenset({"registered", "notice", "pong", "error", "device_fault"})
 _MAX_NAME = 128
 _MAX_PEERS = 4096
 
@@ -257,6 +261,15 @@ def build_notice(*, generation: int, instance: str, host: str, all_rails: Iterab
         "affected": {"rails": rails_bad, "peers": peers_hit},
         "usable_common": common, "reason": reason[:200], "t_ns": t_ns,
     }
+
+
+def build_device_fault(*, instance: str, host: str, incident: Mapping, gpu: int | None, t_ns: int) -> dict:
+    """A ``device_fault`` message: ``{"type": "device_fault", "v": 1, "instance": str, "host":
+    str, "gpu": NVML index | null, "incident": {"domain", "device", "code", "action",
+    "remedy", "source", "summary"}, "t_ns": daemon monotonic ns when it was seen}``."""
+    keep = ("domain", "device", "code", "action", "remedy", "source", "summary")
+    return {"type": "device_fault", "v": PROTOCOL_VERSION, "instance": instance, "host": host, "gpu": gpu,
+            "incident": {k: incident.get(k) for k in keep}, "t_ns": t_ns}
 
 
 @dataclass(frozen=True)

@@ -204,6 +204,25 @@ class HookServer:
             if c.reg is not None:
                 self._notify(c)
 
+    def publish_device_fault(self, incident: Mapping, gpu: int | None, t_ns: int) -> int:
+        """A device fault that needs a rank moved: a ``device_fault`` message to the registered
+        clients on GPU ``gpu`` (and those that registered no GPU), or to all registered clients
+        when ``gpu`` is None (the client knows its own device).  Returns how many clients it went to; never raises."""
+        try:
+            msg = proto.build_device_fault(instance=self.instance, host=self.host, incident=incident, gpu=gpu, t_ns=t_ns)
+            proto.encode(msg)
+        except proto.ProtocolError as e:
+            log.error("cannot build a device_fault message: %s", e)
+            return 0
+        sent = 0
+        for c in list(self.clients.values()):
+            if c.reg is None or (gpu is not None and c.reg.gpu is not None and c.reg.gpu != gpu):
+                continue
+            self._send(c, msg)
+            sent += 1
+        self.counters["device_faults_sent"] += sent
+        return sent
+
     def _notify(self, c: _Client) -> None:
         p = self.plan
         if p is None:

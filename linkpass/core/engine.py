@@ -21,12 +21,14 @@ from linkpass.core.model import (
     Action,
     AddrChanged,
     ApplyRoutes,
+    DeviceIncident,
     Drain,
     Event,
     HistoryEntry,
     LinkChanged,
     LinkFacts,
     LinkSnapshot,
+    NotifyDeviceFault,
     PeerRails,
     ProbeLoss,
     ProbeResult,
@@ -44,6 +46,11 @@ from linkpass.core.planner import Plan, all_destinations, plan_routes
 log = logging.getLogger("linkpass.engine")
 
 HISTORY_LEN = 2000
+#: recent device incidents kept for ``status()["incidents"]``
+INCIDENTS_KEPT = 50
+#: the same code on the same device again within this time (e.g. one Xid seen both in the kernel
+#: log and through NVML) is the same incident: counted, not recorded or acted on twice
+INCIDENT_DEDUP_NS = 10 * 1_000_000_000
 
 
 class Engine:
@@ -93,6 +100,9 @@ class Engine:
         self.loss: dict[int, tuple[float, int]] = {}  # rail -> (loss ratio, samples) from the edge
         self.degraded: set[int] = set()
         self._avoided: frozenset[int] = frozenset()  # the DEGRADED rails traffic was last moved off
+        self.incidents: deque[dict] = deque(maxlen=INCIDENTS_KEPT)  # recent device incidents, oldest first
+        self.incident_counts: Counter[str] = Counter()  # domain -> incidents recorded since start
+        self._incident_seen: dict[tuple[str, str | None], int] = {}  # (code, device) -> last seen ns
         self._configure(cfg)
 
     # ------------------------------------------------------------------ config
@@ -171,6 +181,8 @@ class Engine:
             return []
         if isinstance(event, Drain):
             return self._on_drain(event, now_ns)
+        if isinstance(event, DeviceIncident):
+            return self._on_incident(event, now_ns)
         log.warning("engine: ignoring unknown event %r", type(event).__name__)
         return []
 
@@ -260,6 +272,45 @@ class Engine:
         # someone removed one of our routes, or put a route on one of our destinations
         self._record("route_disturbed", now_ns, {"dst": ev.dst, "proto": ev.proto, "deleted": ev.deleted})
         return [ApplyRoutes(self.generation, self.plan.routes, self.plan.keep_dsts, f"route to {ev.dst} changed outside linkpass", resync=True)]
+
+    def _on_incident(self, ev: DeviceIncident, now_ns: int) -> list[Action]:
+        """A live device/link incident: recorded (history ``incident``, totals, the recent list
+        in status); a migrate-rank root that is not backlog becomes :class:`NotifyDeviceFault`.
+
+        Link incidents (``nic-link``) are only recorded: netlink and the probes already handle
+        the rail, and acting on them here would move traffic twice.  The same code on the same
+        device again within :data:`INCIDENT_DEDUP_NS` (a kernel-log Xid and the NVML event for
+        it) counts as ``incident_duplicates`` and nothing else.
+        """
+        key = (ev.code, ev.device)
+        last = self._incident_seen.get(key)
+        self._incident_seen[key] = now_ns
+        if len(self._incident_seen) > 4 * INCIDENTS_KEPT:  # bounded: forget the oldest
+            for k in sorted(self._incident_seen, key=self._incident_seen.__getitem__)[:INCIDENTS_KEPT]:
+                del self._incident_seen[k]
+        if last is not None and now_ns - last < INCIDENT_DEDUP_NS:
+            self.totals["incident_duplicates"] += 1
+            for d in reversed(self.incidents):
+                if (d["code"], d["device"]) == key:
+                    if ev.source not in d["sources"]:
+                        d["sources"].append(ev.source)
+                    d["count"] += 1
+                    break
+            return []
+        entry = ev.to_json()
+        rail = self._netdev_rail.get(ev.device) if ev.device else None
+        if ev.domain == "nic-link" and rail is not None:
+            entry["rail"] = rail
+            entry["handled_by"] = "netlink"  # the rail's own state machine acts on the link
+        act = ev.action == "migrate-rank" and ev.follows is None and not ev.backlog
+        entry.update(sources=[ev.source], count=1, notified=act)
+        self.incidents.append(entry)
+        self.incident_counts[ev.domain] += 1
+        self._record("incident", now_ns, {k: v for k, v in entry.items() if k not in ("sources", "count")})
+        log.info("incident from %s: %s %s on %s, action %s, remedy %s%s%s", ev.source, ev.domain, ev.code,
+                 ev.device or "?", ev.action, ev.remedy, f" (follows {ev.follows})" if ev.follows else "",
+                 " (backlog: recorded only)" if ev.backlog else "")
+        return [NotifyDeviceFault(ev)] if act else []
 
     # ------------------------------------------------------------------ helpers
 
@@ -512,4 +563,6 @@ class Engine:
             "paths": [{"rail": r, "peer": p, "state": h.state.value, "misses": h.misses,
                        "rtt_ms": None if h.last_rtt_ns is None else round(h.last_rtt_ns / 1e6, 3)}
                       for (r, p), h in sorted(self.paths.items())],
+            "incidents": [dict(d, sources=list(d["sources"])) for d in self.incidents],
+            "incident_counts": dict(sorted(self.incident_counts.items())),
         }

@@ -186,7 +186,46 @@ class Drain:
     t_ns: int
 
 
-Event = Union[LinkChanged, LinkSnapshot, AddrChanged, RouteChanged, PeerRails, RoutesApplied, ProbeResult, ProbeLoss, Tick, Drain]
+@dataclass(frozen=True)
+class DeviceIncident:
+    """A device or link incident seen live on this host (issue 6, part 3): a kernel-log record
+    classified by :mod:`linkpass.core.classify`, an NVML Xid event, or an RDMA async port event.
+
+    Attributes:
+        source: ``"kmsg"``, ``"nvml"`` or ``"rdma"`` (the adapter that saw it).
+        domain, device, code, action, remedy: as in :class:`linkpass.core.classify.Incident`
+            (``code`` e.g. ``"xid:79"``; ``device`` a PCI bus id ``0000:91:00.0``, ``mlx5_3/1``,
+            a netdev, or None).
+        t_ns: monotonic ns when the adapter saw it.
+        summary: the log message (or a description of the event), for operators.
+        follows: ``"code@device"`` of the root incident this one follows (a secondary), or None.
+        backlog: read from the kernel log before linkpass followed it (a fresh start or a
+            reboot): recorded, never acted on, since nobody knows whether it was handled.
+        gpu: NVML index of the GPU ``device`` names, when the edge knows it.
+        seq: the kmsg sequence number of the record that raised it (kmsg only).
+    """
+
+    source: str
+    domain: str
+    device: str | None
+    code: str
+    action: str
+    remedy: str
+    t_ns: int
+    summary: str = ""
+    follows: str | None = None
+    backlog: bool = False
+    gpu: int | None = None
+    seq: int | None = None
+
+    def to_json(self) -> dict:
+        return {"source": self.source, "domain": self.domain, "device": self.device, "code": self.code,
+                "action": self.action, "remedy": self.remedy, "follows": self.follows, "backlog": self.backlog,
+                "gpu": self.gpu, "seq": self.seq, "summary": self.summary[:300], "t_ns": self.t_ns}
+
+
+Event = Union[LinkChanged, LinkSnapshot, AddrChanged, RouteChanged, PeerRails, RoutesApplied, ProbeResult, ProbeLoss, Tick, Drain,
+              DeviceIncident]
 
 # --------------------------------------------------------------------------- routes
 
@@ -305,7 +344,16 @@ class RefreshNeighbors:
     netdev: str
 
 
-Action = Union[ApplyRoutes, SendNotice, SetTimer, RefreshNeighbors]
+@dataclass(frozen=True)
+class NotifyDeviceFault:
+    """A device fault that needs the affected rank moved (``action == "migrate-rank"``): the
+    daemon tells the torch hooks (``device_fault`` message, :mod:`torch_hooks.protocol`) and
+    logs a WARNING for operators."""
+
+    incident: DeviceIncident
+
+
+Action = Union[ApplyRoutes, SendNotice, SetTimer, RefreshNeighbors, NotifyDeviceFault]
 
 
 @dataclass
