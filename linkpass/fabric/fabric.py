@@ -293,6 +293,10 @@ def _host_config(desc: dict, i: int) -> dict:
         "rails": [{"id": r["rail"], "netdev": r["netdev"], "address": r["address"]} for r in h["rails"]],
         # one NCCL env file per emulated host (the default /run/linkpass/nccl.env would be shared)
         "nccl": {"env_file": os.path.join(os.path.dirname(h["control_socket"]), f"h{i}.nccl.env")},
+        # the emulated hosts share the machine's kernel log: each follows a file of its own
+        # instead (a kernel-log line written there is that host's evidence), state kept beside it
+        "device": {"kmsg_path": os.path.join(os.path.dirname(h["control_socket"]), f"h{i}.kmsg"),
+                   "state_dir": os.path.dirname(h["control_socket"])},
         "peers": [
             {
                 "name": p["name"],
@@ -367,6 +371,8 @@ def _build(desc: dict) -> None:
     fab = desc["fabric_netns"]
     os.makedirs(desc["state_dir"], mode=0o755, exist_ok=True)
     _write_notice_key(desc["notice_key_file"])
+    for i in range(len(desc["hosts"])):  # each emulated host's kernel log (see _host_config)
+        open(os.path.join(desc["state_dir"], f"h{i}.kmsg"), "a").close()
     _create_netns(desc["netns"])
     # Defaults first, so every interface created afterwards inherits them.
     write_sysctls(fab, _no_ipv6())

@@ -36,8 +36,13 @@ def test_kmsg_record_becomes_an_incident_in_status(tmp_path):
         kmsg = tmp_path / "kmsg.log"
         kmsg.write_text("6,1,1000,-;Linux version 6.8.0 (boot)\n")
         cfg = tmp_path / "h0-device.toml"
-        cfg.write_text(Path(c.host(0)["config"]).read_text() + "\n[device]\n"
-                       f'kmsg_path = "{kmsg}"\nstate_dir = "{tmp_path / "state"}"\nnvml = false\nrdma = false\n')
+        import tomllib
+
+        import tomli_w
+
+        data = tomllib.loads(Path(c.host(0)["config"]).read_text())
+        data["device"] = {"kmsg_path": str(kmsg), "state_dir": str(tmp_path / "state"), "nvml": False, "rdma": False}
+        cfg.write_text(tomli_w.dumps(data))
         c.start(0, config=str(cfg), wait=False)
         c.start(1, wait=False)
         c.wait_ready(0)
