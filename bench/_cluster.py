@@ -149,7 +149,15 @@ class BenchCluster(Cluster):
 
     def launch(self, ready_timeout: float = 30.0) -> None:
         """Build the fabric, start the daemons, wait until each has applied a plan and
-        heard from every peer; resolve the daemons' pids."""
+        heard from every peer; resolve the daemons' pids.
+
+        Raises:
+            BenchError: the fabric name is in use (a benchmark never takes over, and at its end
+                tears down, a fabric someone else built), the fabric or a daemon failed.
+        """
+        why = name_in_use(self.name)
+        if why:
+            raise BenchError(why)
         try:
             self.up()
         except fab.FabricError as e:
@@ -186,6 +194,40 @@ class BenchCluster(Cluster):
                 if _LOG_PROBLEM.search(line):
                     out.append(f"{path.name}: {line}")
         return out[:limit] + ([f"... {len(out) - limit} more"] if len(out) > limit else [])
+
+
+def name_in_use(name: str) -> str | None:
+    """Why fabric ``name`` cannot be used by a benchmark (one exists), or None."""
+    try:
+        fab.load(name)
+    except fab.FabricError:
+        return None
+    return (f"name in use: a fabric named {name!r} exists; pick another --name "
+            f"or remove it with `linkpass fabric down --name {name}`")
+
+
+def check_args(prog: str, args, positive=(), non_negative=()) -> int | None:
+    """Refuse bad benchmark arguments before anything is built: one line naming the option,
+    exit status 2.  ``positive``/``non_negative``: attribute names of ``args``.  Also checks
+    that ``args.json``'s directory exists and that ``args.name`` is free.  Returns 2 or None."""
+    for attr in positive:
+        if getattr(args, attr) <= 0:
+            print(f"{prog}: --{attr.replace('_', '-')} must be positive, got {getattr(args, attr)}", file=sys.stderr)
+            return 2
+    for attr in non_negative:
+        if getattr(args, attr) < 0:
+            print(f"{prog}: --{attr.replace('_', '-')} must not be negative, got {getattr(args, attr)}", file=sys.stderr)
+            return 2
+    if getattr(args, "json", None):
+        parent = Path(args.json).parent
+        if not parent.is_dir():
+            print(f"{prog}: --json {args.json}: no such directory {str(parent)!r}", file=sys.stderr)
+            return 2
+    why = name_in_use(args.name)
+    if why:
+        print(f"{prog}: {why}", file=sys.stderr)
+        return 2
+    return None
 
 
 def run_and_report(prog: str, run, print_report, args) -> int:

@@ -57,6 +57,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _cluster import (
     BenchCluster,
     BenchError,
+    check_args,
     run_and_report,
     machine_info,
     proc_cpu,
@@ -531,6 +532,10 @@ def main(argv: list[str] | None = None, args: argparse.Namespace | None = None) 
     if args.hosts < 2 or args.rails < 2 or args.trials < 1:
         print("detect_bfd: need --hosts >= 2, --rails >= 2, --trials >= 1", file=sys.stderr)
         return 2
+    bad = check_args("detect_bfd", args, positive=("interval_ms", "multiplier", "timeout_s", "bfd_poll_ms"),
+                     non_negative=("hold_down_ms", "settle_ms", "burst_s"))
+    if bad:
+        return bad
     return run_and_report("detect_bfd", run, print_report, args)
 
 

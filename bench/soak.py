@@ -46,6 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _cluster import (
     BenchCluster,
     BenchError,
+    check_args,
     machine_info,
     proc_cpu,
     proc_mem,
@@ -253,6 +254,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.hosts < 2 or args.rails < 1 or not 1 <= args.loss_pct <= 100 or args.idle_s <= 0:
         print("soak.py: needs --hosts >= 2, --rails >= 1, --loss-pct 1..100, --idle-s > 0", file=sys.stderr)
         return 2
+    bad = check_args("soak.py", args, positive=("interval_ms", "multiplier"),
+                     non_negative=("hold_down_ms", "settle_s", "duration_s"))
+    if bad:
+        return bad
     return run_and_report("soak.py", run, print_report, args)
 
 

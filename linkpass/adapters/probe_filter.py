@@ -8,7 +8,7 @@ of each rail over ``loss_window_ms``.  This filter forwards exactly those and po
 :class:`ProbeLoss` per rail at most every ``REPORT_S`` seconds (and at once when a rail's ratio
 crosses the DEGRADED threshold), so the engine sees tens of events a second instead of thousands.
 Paths that have never answered are left out of the loss ratio (their peer may not run a prober
-yet), and so are dead paths (2 x detect_multiplier misses in a row, until they answer again): a
+yet), and so are dead paths (20 misses in a row, or 2 x detect_multiplier if more, until they answer again): a
 dead peer is a path problem, not loss on the rail.
 """
 
@@ -53,7 +53,9 @@ class ProbeFilter:
         self.cfg = cfg
 
     def _dead_streak(self) -> int:
-        return 2 * self.cfg.probe.detect_multiplier
+        # long enough that heavy random loss (50 % of round trips) almost never looks dead
+        # (0.5^20 per probe), short enough that a really dead path leaves the ratio in ~0.2 s
+        return max(20, 2 * self.cfg.probe.detect_multiplier)
 
     def __call__(self, ev: Event) -> None:
         if not isinstance(ev, ProbeResult):
@@ -88,7 +90,7 @@ class ProbeFilter:
 
     def _account(self, key: tuple[int, str], ev: ProbeResult) -> None:
         """Loss window: per path, and per rail summed over its *live* paths only.  A path whose
-        misses in a row reach 2 x detect_multiplier is dead (a blackholed or dead peer): that is
+        misses in a row reach 20 (or 2 x detect_multiplier) is dead (a blackholed or dead peer): that is
         the path/rail verdict's business, and counting it would mark the whole rail DEGRADED
         for one dead peer.  It counts again from its next answer, with its window restarted
         there (the dead time is not loss either)."""

@@ -458,6 +458,10 @@ class Engine:
         moving it would change routes for no gain, back and forth with the window's noise."""
         out = set()
         for d in self.degraded:
+            if self.loss.get(d, (0.0, 0))[1] < 20:  # too few samples to judge now: keep the decision
+                if d in self._avoided:
+                    out.add(d)
+                continue
             need = 2.0 if d in self._avoided else 4.0
             if any(b not in self.degraded and self._loss_z(d, b) >= need for b in self.local_usable()):
                 out.add(d)

@@ -180,7 +180,7 @@ def test_loss_ratio_leaves_out_dead_paths_but_counts_lossy_ones():
         f(ProbeResult(0, "h2", True, t, rtt_ns=1))
         f(ProbeResult(1, "h1", i == 0 or rng.random() > 0.3, t, rtt_ns=1))
     ratio = {r: f.rail_lost[r] / f.rail_n[r] for r in (0, 1)}
-    assert ratio[0] == 0 and 199 <= f.rail_n[0] <= 201  # the dead path left the ratio after 6 misses
+    assert ratio[0] == 0 and 199 <= f.rail_n[0] <= 201  # the dead path left the ratio after 20 misses
     assert 0.2 < ratio[1] < 0.4 and 199 <= f.rail_n[1] <= 201
     assert any(isinstance(x, ProbeLoss) and x.rail == 1 and x.loss > 0.1 for x in out)  # reported at once
     f(ProbeResult(0, "h1", True, t + MS, rtt_ns=1))  # h1 answers again: it counts again, afresh
@@ -227,3 +227,16 @@ def test_totals_count_what_the_history_leaves_out():
         probe(e, t, 0, "h1", False)
     tot = e.status(t)["totals"]
     assert tot["path_down"] == 1 and tot["rail_down"] == 1 and tot["plan"] >= 2
+
+
+def test_a_rail_whose_loss_window_runs_short_keeps_its_avoided_state():
+    """A lossy rail whose window drops below 20 samples (its lossy path went dead and left the
+    ratio) is not judged again from nothing: traffic stays where it was."""
+    cfg, e, _ = engine(1)
+    h1_ip = str(cfg.peers[0].host_ip)
+    t = 10 * MS
+    acts = e.handle(ProbeLoss(1, 0.0, 200, t), t) + e.handle(ProbeLoss(0, 0.5, 200, t), t)
+    assert rails_to(acts, h1_ip) == [1]
+    assert e.handle(ProbeLoss(0, 0.5, 5, t + MS), t + MS) == []
+    assert e.handle(ProbeLoss(1, 0.0, 200, t + 2 * MS), t + 2 * MS) == []  # no flip back
+    assert e.avoided_degraded() == frozenset({0})
