@@ -31,6 +31,7 @@ Example (what ``linkpass fabric up`` writes for host 0 of a two-host, two-rail f
 from __future__ import annotations
 
 import ipaddress
+import math
 import os
 import re
 import stat
@@ -38,7 +39,7 @@ import tomllib
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictInt, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictInt, ValidationError, field_validator, model_validator
 
 #: Routing protocol number that tags every route linkpass installs (``ip route ... proto 201``).
 #: Linux reserves 0-4 for the kernel; iproute2's rt_protos names numbers up to 192; 201 is unnamed.
@@ -63,6 +64,19 @@ class ConfigError(Exception):
 
     ``str(err)`` is a single line: ``<file>: <field>: <what is wrong>``.
     """
+
+
+def _finite_number(v):
+    """TOML numbers only (an int is fine), never a string or a boolean, never NaN or infinity."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise ValueError(f"must be a number, got {type(v).__name__} {v!r}")
+    if not math.isfinite(v):
+        raise ValueError(f"must be a finite number, got {v!r}")
+    return float(v)
+
+
+#: A float option: int or float in TOML; strings, booleans, nan and inf are refused.
+FiniteFloat = Annotated[float, BeforeValidator(_finite_number)]
 
 
 class _Strict(BaseModel):
@@ -96,7 +110,7 @@ class DaemonSection(_Strict):
     notice_refresh_ms: StrictInt = Field(1000, ge=50, le=600_000, description="Period of the full-state notice sent to every peer.")
     netlink_rcvbuf_bytes: StrictInt = Field(4 * 1024 * 1024, ge=4096, le=1 << 30, description="SO_RCVBUF of the netlink event socket; "
                                       "an overflow (ENOBUFS) loses events and forces a resync from a dump.")
-    ignore_routes_with_linkdown: bool = Field(True, description="Set net.ipv4.conf.<rail>.ignore_routes_with_linkdown=1 "
+    ignore_routes_with_linkdown: StrictBool = Field(True, description="Set net.ipv4.conf.<rail>.ignore_routes_with_linkdown=1 "
                                               "on every rail netdev, so the kernel itself stops choosing a nexthop "
                                               "whose carrier is gone in the milliseconds before linkpass replaces the routes.")
     log_level: Literal["debug", "info", "warning", "error"] = "info"
@@ -134,22 +148,22 @@ class PeerSection(_Strict):
 class ProbeSection(_Strict):
     """The ``[probe]`` table: active per-rail probing for gray failures (carrier up, traffic lost)."""
 
-    enabled: bool = Field(True, description="Probe peers over every rail.")
+    enabled: StrictBool = Field(True, description="Probe peers over every rail.")
     port: StrictInt = Field(7472, ge=1, le=65535, description="UDP port of the probe responder.")
     interval_ms: StrictInt = Field(10, ge=1, le=60_000, description="Fast-set probe interval per path (BFD: desired min TX).")
     detect_multiplier: StrictInt = Field(3, ge=1, le=255, description="Missed probes in a row that make a path DOWN (BFD: detect mult).")
     fast_peers: StrictInt = Field(2, ge=0, le=1024, description="Peers per rail probed at the fast interval (configured/registered first, then a random sample).")
     slow_interval_ms: StrictInt = Field(1000, ge=10, le=600_000, description="Interval at which the other peers are swept.")
     max_pps: StrictInt = Field(2000, ge=1, le=1_000_000, description="Upper bound on probes sent per second by this host, whatever the peer count.")
-    rail_down_share: float = Field(0.5, gt=0, le=1, description="A rail fails when this share of its probed peers are DOWN.")
+    rail_down_share: FiniteFloat = Field(0.5, gt=0, le=1, description="A rail fails when this share of its probed peers are DOWN.")
     loss_window_ms: StrictInt = Field(2000, ge=100, le=600_000, description="Window for the loss ratio of a rail.")
-    degraded_loss: float = Field(0.1, gt=0, le=1, description="Loss ratio over the window that marks a rail DEGRADED.")
+    degraded_loss: FiniteFloat = Field(0.1, gt=0, le=1, description="Loss ratio over the window that marks a rail DEGRADED.")
 
 
 class DampingSection(_Strict):
     """The ``[damping]`` table: flap damping per rail (the RFC 2439 idea)."""
 
-    enabled: bool = True
+    enabled: StrictBool = True
     penalty: StrictInt = Field(1000, ge=1, le=1_000_000, description="Penalty added per down event.")
     half_life_ms: StrictInt = Field(15_000, ge=100, le=3_600_000, description="Penalty halves every half-life.")
     suppress: StrictInt = Field(2500, ge=1, le=10_000_000, description="Above this penalty the rail stays out of use.")
@@ -158,8 +172,11 @@ class DampingSection(_Strict):
 
     @model_validator(mode="after")
     def _limits(self) -> "DampingSection":
-        if not self.reuse < self.suppress <= self.max_penalty:
-            raise ValueError("reuse: must be below suppress, and suppress at most max_penalty")
+        if not self.reuse < self.suppress:
+            raise ValueError(f"reuse: must be below suppress ({self.reuse} >= {self.suppress})")
+        if not self.suppress <= self.max_penalty:
+            raise ValueError(f"max_penalty: must be at least suppress ({self.max_penalty} < {self.suppress}), "
+                             "or the rail could never be suppressed")
         return self
 
 
@@ -190,10 +207,10 @@ class NcclSection(_Strict):
     env_file: str = Field(DEFAULT_NCCL_ENV_FILE, min_length=1, description="File the daemon rewrites (atomically) "
                           "with the host-wide NCCL environment on every plan change (KEY=VALUE lines, usable as systemd "
                           "EnvironmentFile= and docker --env-file).")
-    write_env_file: bool = Field(True, description="Write env_file at all.")
-    rails_joined_by_spine: bool = Field(False, description="The rail switches are joined by a spine, so a NIC on one rail "
+    write_env_file: StrictBool = Field(True, description="Write env_file at all.")
+    rails_joined_by_spine: StrictBool = Field(False, description="The rail switches are joined by a spine, so a NIC on one rail "
                                         "can reach a peer's NIC on another rail (decides NCCL_CROSS_NIC).")
-    ib_resiliency: bool = Field(True, description="Set NCCL's own IB port failover (NCCL >= 2.29.7) and port recovery "
+    ib_resiliency: StrictBool = Field(True, description="Set NCCL's own IB port failover (NCCL >= 2.29.7) and port recovery "
                                 "(>= 2.30) variables when the NCCL version has them.")
     version: str = Field("", description='NCCL version of the jobs, e.g. "2.29.7"; "" = detect it from the installed '
                          "nvidia-nccl-cu* Python package, else assume 2.30.0.")
@@ -209,7 +226,7 @@ class NcclSection(_Strict):
 class HooksSection(_Strict):
     """The ``[hooks]`` table: the unix socket torch hooks (``torch_hooks.client``) connect to."""
 
-    enabled: bool = Field(True, description="Serve torch hooks.")
+    enabled: StrictBool = Field(True, description="Serve torch hooks.")
     socket: str | None = Field(None, description="Socket path; default: beside control_socket, "
                                "<name>.hooks.sock (/run/linkpass/linkpass.sock -> /run/linkpass/linkpass.hooks.sock).")
     max_clients: StrictInt = Field(1024, ge=1, le=65536, description="Connections beyond this are refused.")
@@ -220,7 +237,7 @@ class DeviceSection(_Strict):
     run here (no /dev/kmsg access, no GPU driver or nvidia-ml-py, no pyverbs or RDMA device) is
     off with one log line; the daemon runs without it."""
 
-    kmsg: bool = Field(True, description="Follow the kernel log and classify it (linkpass.core.classify).")
+    kmsg: StrictBool = Field(True, description="Follow the kernel log and classify it (linkpass.core.classify).")
     kmsg_path: str = Field("/dev/kmsg", min_length=1, description="What to follow: /dev/kmsg, or a FIFO or a file that "
                            "is appended to with kmsg-style records (prio,seq,usec,flags;message) or plain log lines.")
     state_dir: str = Field("/var/lib/linkpass", min_length=1, description="Directory for the kmsg follower's last "
@@ -228,8 +245,8 @@ class DeviceSection(_Strict):
                            "unwritable = no resume (logged).")
     window_lines: StrictInt = Field(400, ge=10, le=100_000, description="Recent kernel-log lines kept so follow-on "
                                     "events (Xid 45, flush errors...) link to their root incident.")
-    nvml: bool = Field(True, description="Wait for NVML Xid events (nvidia-ml-py) when a GPU driver is present.")
-    rdma: bool = Field(True, description="Read RDMA async port events through pyverbs when it is installed.")
+    nvml: StrictBool = Field(True, description="Wait for NVML Xid events (nvidia-ml-py) when a GPU driver is present.")
+    rdma: StrictBool = Field(True, description="Read RDMA async port events through pyverbs when it is installed.")
 
 
 class Config(_Strict):

@@ -89,3 +89,23 @@ def test_damping_bad_limits_are_config_errors():
     with pytest.raises(ConfigError) as e:
         parse_config(base + "reuse = 3000\nsuppress = 2000\n", "x.toml")
     assert "damping.reuse" in str(e.value)
+    with pytest.raises(ConfigError) as e:
+        parse_config(base + "max_penalty = 2000\n", "x.toml")
+    assert "damping.max_penalty" in str(e.value) and "at least suppress" in str(e.value)
+
+
+def test_number_and_boolean_options_refuse_strings_booleans_and_nan():
+    import pytest
+
+    from linkpass.config import ConfigError
+
+    base = "[daemon]\nhost='h'\nhost_ip='10.0.0.1'\n[[rails]]\nid=0\nnetdev='r0'\n[probe]\n"
+    for bad, field, why in (('rail_down_share = "0.5"', "probe.rail_down_share", "must be a number"),
+                            ("rail_down_share = true", "probe.rail_down_share", "must be a number"),
+                            ("degraded_loss = nan", "probe.degraded_loss", "finite"),
+                            ('enabled = "yes"', "probe.enabled", "boolean"),
+                            ("enabled = 1", "probe.enabled", "boolean")):
+        with pytest.raises(ConfigError) as e:
+            parse_config(base + bad + "\n", "x.toml")
+        assert field in str(e.value) and why in str(e.value), (bad, str(e.value))
+    assert parse_config(base + "rail_down_share = 1\n", "x.toml").probe.rail_down_share == 1.0  # an int is a number
