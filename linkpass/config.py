@@ -151,11 +151,11 @@ class ProbeSection(_Strict):
     enabled: StrictBool = Field(True, description="Probe peers over every rail.")
     port: StrictInt = Field(7472, ge=1, le=65535, description="UDP port of the probe responder.")
     interval_ms: StrictInt = Field(10, ge=1, le=60_000, description="Fast-set probe interval per path (BFD: desired min TX).")
-    detect_multiplier: StrictInt = Field(3, ge=1, le=255, description="Missed probes in a row that make a path DOWN (BFD: detect mult).")
-    fast_peers: StrictInt = Field(2, ge=0, le=1024, description="Peers per rail probed at the fast interval (configured/registered first, then a random sample).")
+    detect_multiplier: StrictInt = Field(3, ge=1, le=255, description="A path is DOWN after this many misses in a row and no reply for this many intervals (BFD: detect mult).")
+    fast_peers: StrictInt = Field(2, ge=0, le=1024, description="Peers per rail probed at the fast interval (hook-registered peers first, then ring neighbours).")
     slow_interval_ms: StrictInt = Field(1000, ge=10, le=600_000, description="Interval at which the other peers are swept.")
     max_pps: StrictInt = Field(2000, ge=1, le=1_000_000, description="Upper bound on probes sent per second by this host, whatever the peer count.")
-    rail_down_share: FiniteFloat = Field(0.5, gt=0, le=1, description="A rail fails when this share of its probed peers are DOWN.")
+    rail_down_share: FiniteFloat = Field(0.5, gt=0, le=1, description="A rail fails when more than this share of its answering peers are DOWN.")
     loss_window_ms: StrictInt = Field(2000, ge=100, le=600_000, description="Window for the loss ratio of a rail.")
     degraded_loss: FiniteFloat = Field(0.1, gt=0, le=1, description="Loss ratio over the window that marks a rail DEGRADED.")
 
@@ -163,7 +163,7 @@ class ProbeSection(_Strict):
 class DampingSection(_Strict):
     """The ``[damping]`` table: flap damping per rail (the RFC 2439 idea)."""
 
-    enabled: StrictBool = True
+    enabled: StrictBool = Field(True, description="Damp flapping rails (RFC 2439 idea).")
     penalty: StrictInt = Field(1000, ge=1, le=1_000_000, description="Penalty added per down event.")
     half_life_ms: StrictInt = Field(15_000, ge=100, le=3_600_000, description="Penalty halves every half-life.")
     suppress: StrictInt = Field(2500, ge=1, le=10_000_000, description="Above this penalty the rail stays out of use.")
