@@ -24,8 +24,9 @@ processes on this machine):
 * breakdown (JSON only): ``netlink_rx_ms`` (cut -> netlink event received), ``peer_notice_ms``
   (DOWN -> slowest peer accepted the notice), ``peer_failback_ms``.
 
-Modes that this version cannot detect (``blackhole``, ``loss:PCT``: carrier stays up, probes
-come in a later issue) are tried once and reported as "not detected (no probes yet)".
+Modes that leave the carrier up (``blackhole``, ``loss:PCT``) are seen only by the probes; such a
+mode is tried once first and, when that cut is not detected (a low loss is not a failure),
+reported as "not detected" and not repeated.
 
 Also reports the daemons' CPU time over the run (utime+stime from /proc/PID/stat; includes
 serving this benchmark's status/history queries) and their peak RSS (VmHWM).
@@ -56,7 +57,7 @@ from _cluster import (
 from linkpass import fabric as fab
 
 SCHEMA = "linkpass.bench.detect_reroute/v1"
-NOT_DETECTED = "not detected (no probes yet)"
+NOT_DETECTED = "not detected"
 METRICS = ("detect_ms", "reroute_ms", "peer_reroute_ms", "failback_ms")
 EXTRA = ("netlink_rx_ms", "peer_notice_ms", "peer_failback_ms")
 POLL_S = 0.02

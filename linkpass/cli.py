@@ -130,10 +130,15 @@ def _print_status(st: dict) -> None:
         t.add_row(str(r["id"]), r["netdev"], f"[{colors.get(r['state'], 'white')}]{r['state']}[/]", ago, r["reason"], ltxt, ptxt)
     c.print(t)
     if st["peers"]:
-        p = Table("peer", "usable rails (announced)", "last notice")
+        paths: dict[str, list[str]] = {}
+        for ph in st.get("paths", []):  # probe path states per peer: "rail 0 UP 0.05 ms"
+            rtt = "" if ph.get("rtt_ms") is None else f" {ph['rtt_ms']:.2f} ms"
+            paths.setdefault(ph["peer"], []).append(f"rail {ph['rail']} {ph['state']}{rtt}")
+        p = Table("peer", "usable rails (announced)", "last notice", "probe paths")
         for peer in st["peers"]:
             p.add_row(peer["name"], "not heard" if peer["usable_rails"] is None else ",".join(map(str, peer["usable_rails"])) or "none",
-                      "-" if peer["last_notice_ago_ms"] is None else f"{peer['last_notice_ago_ms'] / 1000:.1f} s ago")
+                      "-" if peer["last_notice_ago_ms"] is None else f"{peer['last_notice_ago_ms'] / 1000:.1f} s ago",
+                      ", ".join(paths.get(peer["name"], [])) or "-")
         c.print(p)
     if st.get("routes"):
         rt = Table("route", "src", "over rails")
