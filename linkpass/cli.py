@@ -198,6 +198,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     register_classify(sub)
 
+    from linkpass.inject import register as register_inject
+
+    register_inject(sub)
+
     d = sub.add_parser("demo", help="fabric + daemons + a gloo training job that keeps training through a rail cut")
     d.add_argument("--hosts", type=int, default=2)
     d.add_argument("--rails", type=int, default=2)
@@ -205,9 +209,11 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--json", metavar="FILE", help="write the result as JSON")
     d.add_argument("--name", default="lpdemo", help="fabric name (default lpdemo)")
     d.add_argument("--mode", default="carrier-loss", help="cut mode: carrier-loss (default), admin-down or blackhole")
-    d.add_argument("--scenario", default="reroute", choices=["reroute", "rebuild"],
+    d.add_argument("--scenario", default="reroute", choices=["reroute", "rebuild", "device-fault"],
                    help="reroute (default): kernel routes carry the job around the cut; rebuild: no route changes "
-                   "(reroute = notify-only), the torch hook rebuilds the job's process group on another rail")
+                   "(reroute = notify-only), the torch hook rebuilds the job's process group on another rail; "
+                   "device-fault: an Xid 79 on one rank's GPU, a hot spare takes the rank over")
+    d.add_argument("--spares", type=int, default=1, help="hot spares per host (device-fault scenario, default 1)")
     d.add_argument("--keep-logs", action="store_true", help="keep the work directory (daemon and trainer logs) after a successful run")
     d.set_defaults(func=cmd_demo)
     return p

@@ -178,6 +178,16 @@ class Daemon:
         for g in getattr(topo, "gpus", None) or ():
             if g.pci_bus_id == bus and g.index is not None:
                 return g.index
+        # a kernel-log file other than /dev/kmsg may come with "<path>.gpus.json" (bus id ->
+        # index): the emulated fabric writes one per host (linkpass.inject.fake_pci_bus_id)
+        path = self.cfg.device.kmsg_path
+        if path != "/dev/kmsg":
+            try:
+                with open(f"{path}.gpus.json") as f:
+                    idx = json.load(f).get(bus)
+                return idx if isinstance(idx, int) else None
+            except (OSError, ValueError, AttributeError):
+                return None
         return None
 
     def _start_device_sources(self) -> None:

@@ -18,6 +18,14 @@ is bound to ``--rail``'s interface (``--rail-ifaces``), and on a link-fault noti
 local daemon it is rebuilt on another rail and the step replayed; ``rebuilds`` in the output
 lists what the guard did.
 
+With ``--spare`` (``linkpass demo --scenario device-fault``) the process is a hot spare: it
+imports torch, builds the model, connects to the store and waits (up to ``--spare-wait-s``)
+for an assignment (:class:`torch_hooks.spare.Spare`); when a rank's GPU fails it takes that
+rank over (``LinkPassGuard(join=...)``), receives the state from a healthy replica and trains
+on from the interrupted step.  Its output then has ``"spare": id`` and the rank it took; a
+spare that was never needed exits 0 with ``"spare_unused": true``.  ``--gpu`` is the local
+GPU index the hook registers (the daemon sends a device fault to the clients on that GPU).
+
 Output (``--out``), JSON: ``{"rank", "world_size", "steps", "steps_done", "step_ms": [...],
 "step_end_ns": [...], "errors": [...], "weights_sha256", "loss_first", "loss_last"}``.
 Progress (``--progress``): the number of finished steps, rewritten after each step.
@@ -61,9 +69,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rail", type=int, default=0, help="rail of the first process group (with --hook)")
     p.add_argument("--hooks-socket", help="the local daemon's hooks socket (with --hook)")
     p.add_argument("--peers", default="", help="daemon host names of the other ranks, comma-separated (with --hook)")
+    p.add_argument("--gpu", type=int, help="local GPU index registered with the daemon (with --hook)")
+    p.add_argument("--host", help="this host's daemon name (spare assignment prefers the faulty rank's host)")
+    p.add_argument("--spare", action="store_true", help="be a hot spare: wait for a rank to take over (with --hook)")
+    p.add_argument("--spare-wait-s", type=float, default=300.0, help="how long a spare waits for an assignment")
     a = p.parse_args(argv)
     if a.iface:
         os.environ["GLOO_SOCKET_IFNAME"] = a.iface
+    if a.spare and not a.hook:
+        p.error("--spare needs --hook")
 
     import torch
     import torch.distributed as dist
@@ -75,7 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     if a.hook:
         from torch_hooks.guard import LinkPassGuard
 
-        store = dist.TCPStore(a.master_addr, a.master_port, a.world_size, a.rank == 0, timeout=datetime.timedelta(seconds=a.timeout_s))
+        store = dist.TCPStore(a.master_addr, a.master_port, a.world_size, a.rank == 0 and not a.spare,
+                              timeout=datetime.timedelta(seconds=a.timeout_s))
         ifaces = {int(k): v for k, v in (kv.split("=", 1) for kv in a.rail_ifaces.split(",") if kv)}
     else:
         dist.init_process_group("gloo", init_method=f"tcp://{a.master_addr}:{a.master_port}", rank=a.rank,
@@ -85,10 +100,24 @@ def main(argv: list[str] | None = None) -> int:
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     target_w = torch.randn(64, 10, generator=torch.Generator().manual_seed(a.seed + 1))
     params = [q for q in model.parameters()]
+    join = None
+    if a.spare:
+        from torch_hooks.spare import Spare
+
+        sp = Spare(store, job="demo", host=a.host)
+        result["spare"] = sp.id
+        if a.progress:
+            _write(a.progress, "0")
+        join = sp.wait(a.spare_wait_s)
+        if join is None:
+            result["spare_unused"] = True
+            _write(a.out, json.dumps(result))
+            return 0
+        a.rank = result["rank"] = join.rank
     if a.hook:
         guard = LinkPassGuard(store, a.rank, a.world_size, rails=ifaces, rail=a.rail, state=[model, opt], job="demo",
                               peers=[x for x in a.peers.split(",") if x], hooks_socket=a.hooks_socket,
-                              timeout=datetime.timedelta(seconds=a.timeout_s))
+                              timeout=datetime.timedelta(seconds=a.timeout_s), gpu=a.gpu, host=a.host, join=join)
 
     def train_step(step: int):
         g = torch.Generator().manual_seed(a.seed * 100_003 + step * 131 + a.rank)
@@ -112,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         return loss
 
     try:
-        for step in range(a.steps):
+        for step in range(guard.step_index if guard is not None else 0, a.steps):
             t0 = time.monotonic_ns()
             loss = guard.step(train_step, step) if guard is not None else train_step(step)
             t1 = time.monotonic_ns()

@@ -53,6 +53,9 @@ class DaemonClient:
         reconnect_s: (first, max) delay between connection attempts, seconds.
         on_notice: called in the client thread with each newer :class:`Notice` (keep it short;
             exceptions are logged and ignored).
+        on_device_fault: called in the client thread with each ``device_fault`` message (the
+            decoded dict, see :func:`torch_hooks.protocol.build_device_fault`); exceptions are
+            logged and ignored.  Rank migration (:mod:`torch_hooks.spare`) acts on it.
 
     Attributes:
         latest: the newest notice (None before the first).
@@ -64,8 +67,11 @@ class DaemonClient:
     """
 
     def __init__(self, registration: proto.Registration, socket_path: str | None = None,
-                 reconnect_s: tuple[float, float] = (0.05, 1.0), on_notice: Callable[[proto.Notice], None] | None = None):
+                 reconnect_s: tuple[float, float] = (0.05, 1.0), on_notice: Callable[[proto.Notice], None] | None = None,
+                 on_device_fault: Callable[[dict], None] | None = None):
         self.registration = registration
+        self.on_device_fault = on_device_fault
+        self.device_faults: list[dict] = []
         self.socket_path = socket_path or os.environ.get(SOCKET_ENV) or DEFAULT_SOCKET
         self.reconnect_s = reconnect_s
         self.on_notice = on_notice
@@ -265,6 +271,18 @@ class DaemonClient:
                     self.on_notice(n)
                 except Exception:
                     log.exception("on_notice callback failed")
+        elif t == "device_fault":
+            self.counters["device_faults"] += 1
+            msg["received_ns"] = now_ns
+            kept = getattr(self, "device_faults", None)  # absent on a client built without __init__ (tests)
+            if kept is not None:
+                kept.append(msg)
+            cb = getattr(self, "on_device_fault", None)
+            if cb is not None:
+                try:
+                    cb(msg)
+                except Exception:
+                    log.exception("on_device_fault callback failed")
         elif t == "error":
             self.counters["errors_from_daemon"] += 1
             log.warning("the daemon dropped one of our messages: %s", str(msg.get("error"))[:300])

@@ -100,6 +100,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from torch_hooks import spare as sp
 from torch_hooks.client import DaemonClient
 from torch_hooks.protocol import Notice, Registration
 
@@ -136,8 +137,8 @@ class LinkPassExit(SystemExit):
     """Raised (with ``on_unmovable="raise"``) instead of exiting with :data:`EXIT_MIGRATE`;
     ``code`` is 75 and ``reason`` says why, so an uncaught one still exits with 75."""
 
-    def __init__(self, reason: str):
-        super().__init__(EXIT_MIGRATE)
+    def __init__(self, reason: str, code: int = EXIT_MIGRATE):
+        super().__init__(code)
         self.reason = reason
 
 
@@ -153,6 +154,7 @@ class _Interrupted(BaseException):
     def __init__(self, trigger: str, reason: str, t_ns: int, notice: Notice | None = None):
         super().__init__(reason)
         self.trigger, self.reason, self.t_ns, self.notice = trigger, reason, t_ns, notice
+        self.migration: dict | None = None
 
 
 @dataclass
@@ -278,7 +280,8 @@ class LinkPassGuard:
                  timeout: datetime.timedelta = datetime.timedelta(seconds=30), rebuild_timeout_s: float = 30.0,
                  hooks_socket: str | None = None, connect: bool = True, local_rank: int | None = None,
                  gpu: int | None = None, on_unmovable: str = "exit", error_grace_s: float = 5.0,
-                 poll_s: float = 0.005, store_check_s: float = 0.02):
+                 poll_s: float = 0.005, store_check_s: float = 0.02, join: "sp.Assignment | None" = None,
+                 host: str | None = None):
         if rail not in rails:
             raise ValueError(f"rail {rail} is not in rails {dict(rails)}")
         if backend not in ("gloo", "nccl"):
@@ -316,10 +319,17 @@ class LinkPassGuard:
         self._wake = threading.Event()
         self._seen = 0
         self._ignored_gen: tuple[str, int] | None = None
+        self.host = host or sp.host_name()
+        self._sync: dict | None = None
+        self._fault_lock = threading.Lock()
         self.client: DaemonClient | None = None
         if connect:
-            self.client = DaemonClient(self._registration(), hooks_socket, on_notice=self._on_notice).start()
-        self.configure(0, rail)
+            self.client = DaemonClient(self._registration(), hooks_socket, on_notice=self._on_notice,
+                                       on_device_fault=self._on_device_fault).start()
+        if join is None:
+            self.configure(0, rail)
+        else:
+            self._join(join)
 
     # ---------------------------------------------------------------- lifecycle (torchft-like)
 
@@ -457,6 +467,12 @@ class LinkPassGuard:
                 asked = False
             if asked:
                 raise _Interrupted("peer", f"rank {self._req_rank(self.epoch + 1)} asked for a rebuild", time.monotonic_ns())
+            mig = sp.read_migration(self.kv, self.epoch + 1)
+            if mig is not None:
+                it = _Interrupted("migrate", f"rank {mig.get('rank')} lost its device and moves to spare {mig.get('spare')}",
+                                  time.monotonic_ns())
+                it.migration = mig
+                raise it
 
     def _req_rank(self, epoch: int) -> str:
         try:
@@ -507,6 +523,8 @@ class LinkPassGuard:
                     queue = [self._prev, cur]
                 else:
                     raise RebuildFailed(f"ranks disagree by more than one step (resume at {resume}, this rank at {cur.index})") from None
+                if self._sync is not None:
+                    self._send_state(queue[0].snapshot)
                 replay = True
                 continue
             queue.pop(0)
@@ -555,12 +573,43 @@ class LinkPassGuard:
                 pass
         self.abort()
         t_abort = time.monotonic_ns()
+        mig = it.migration or sp.read_migration(self.kv, e)
+        if mig is None and it.trigger == "error":  # the faulty rank writes its request before it exits
+            mig = sp.read_migration(self.kv, e)
+        if mig is not None and mig.get("spare") is None:
+            self._no_spare(f"rank {mig.get('rank')} lost its device ({mig.get('reason')}) and no spare worker is left")
         if unmovable:
             self._unmovable(f"{it.reason}; the {self.backend} communicator cannot move to another NIC in this process "
                             "(NCCL reads its HCA list once per process)" if self.backend != "gloo"
                             else f"{it.reason}; another rank cannot move in-process")
         view = self._usable_view(it)
-        self.kv.set(f"rebuild/{e}/rank/{self.rank}", json.dumps({"step": in_step, "usable": view, "rail": rail_from}))
+        keep = it.trigger == "error" or mig is not None  # a migration keeps the rail when every rank can use it
+        resume, new_rail, t_agree = self._agree(e, in_step, view, rail_from, keep, it.reason)
+        t_built = time.monotonic_ns()
+        if mig is not None:
+            src = min(r for r in range(self.world_size) if r != mig["rank"])
+            self._sync = {"src": src, "rank": mig["rank"], "spare": mig.get("spare")}
+        n = it.notice
+        ev = {"event": "rebuilt", "epoch": e, "trigger": it.trigger, "reason": it.reason, "rail_from": rail_from,
+              "rail_to": new_rail, "interrupted_step": in_step, "resume_step": resume,
+              "notice_generation": None if n is None else n.generation, "notice_t_ns": it.t_ns,
+              "aborted_t_ns": t_abort, "agreed_t_ns": t_agree, "built_t_ns": t_built,
+              "abort_ms": round((t_abort - it.t_ns) / 1e6, 3), "agree_ms": round((t_agree - t_abort) / 1e6, 3),
+              "build_ms": round((t_built - t_agree) / 1e6, 3)}
+        if mig is not None:
+            ev.update(migrated_rank=mig["rank"], spare=mig.get("spare"), state_from=self._sync["src"])
+        self.events.append(ev)
+        self._awaiting = ev
+        log.warning("rank %d: process group epoch %d on rail %d (was %d); replaying from step %d", self.rank, e, new_rail,
+                    rail_from, resume)
+        return resume
+
+    def _agree(self, e: int, in_step: int, view: list[int], rail_from: int, keep_rail: bool, reason: str,
+               rank: int | None = None) -> tuple[int, int, int]:
+        """Write this rank's proposal for epoch ``e``, read everyone's, build the group: returns
+        ``(resume step, rail, agreed t_ns)``.  Raises RebuildFailed on a store or connect timeout."""
+        rank = self.rank if rank is None else rank
+        self.kv.set(f"rebuild/{e}/rank/{rank}", json.dumps({"step": in_step, "usable": view, "rail": rail_from}))
         keys = [f"rebuild/{e}/rank/{r}" for r in range(self.world_size)]
         try:
             self.kv.wait(keys, datetime.timedelta(seconds=self.rebuild_timeout_s))
@@ -574,25 +623,127 @@ class LinkPassGuard:
             common &= set(p["usable"])
         order = [r for r in self.rails if r in common]
         if not order:
-            self._unmovable(f"{it.reason}; no rail is usable by every rank (proposals {props})")
-        new_rail = rail_from if rail_from in order and it.trigger == "error" else order[0]
+            self._unmovable(f"{reason}; no rail is usable by every rank (proposals {props})")
+        new_rail = rail_from if rail_from in order and keep_rail else order[0]
         try:
             self.configure(e, new_rail)
         except Exception as ex:
             raise RebuildFailed(f"could not build process group epoch {e} on rail {new_rail}: {ex}") from None
+        return resume, new_rail, t_agree
+
+    # ---------------------------------------------------------------- rank migration (torch_hooks.spare)
+
+    def _on_device_fault(self, msg: dict) -> None:
+        """The daemon says this process's GPU failed (client thread): hand the rank to a spare
+        through the store and exit at once (fenced).  With no spare left: say so and exit
+        :data:`torch_hooks.spare.EXIT_NO_SPARE` (the other ranks find the request and do the same)."""
+        gpu = msg.get("gpu")
+        if gpu is not None and self.gpu is not None and gpu != self.gpu:
+            log.info("device fault on GPU %s is not ours (GPU %s); ignored", gpu, self.gpu)
+            return
+        if not self._fault_lock.acquire(blocking=False):
+            return  # already handing over
+        inc = msg.get("incident") or {}
+        reason = f"{inc.get('code')} on {inc.get('device')} ({inc.get('domain')}, action {inc.get('action')}): {inc.get('summary') or ''}"
+        try:
+            a = sp.request_migration(self.kv, epoch=self.epoch + 1, rank=self.rank, world_size=self.world_size,
+                                     step=self.step_index, rail=self.rail, reason=reason, host=self.host)
+        except Exception as e:
+            a = None
+            reason += f"; the store could not take the migration request ({e})"
+        if a is None:
+            self._no_spare(f"rank {self.rank} lost its device ({reason}) and no spare worker is left", from_thread=True)
+        msg_txt = (f"linkpass: rank {self.rank} lost its device ({reason}); spare {a.spare} takes rank {self.rank} over "
+                   f"in process group epoch {a.epoch}; this process is fenced and exits with status {sp.EXIT_FENCED}")
+        log.error("%s", msg_txt)
+        print(msg_txt, file=sys.stderr, flush=True)
+        if self.client is not None:
+            self.client.report("migrating", reason=reason[:500], spare=a.spare, epoch=a.epoch, exit_code=sp.EXIT_FENCED)
+            time.sleep(0.02)
+        self._flush_logs()
+        os._exit(sp.EXIT_FENCED)
+
+    def _no_spare(self, reason: str, from_thread: bool = False):
+        msg = (f"linkpass: NO SPARE LEFT: {reason}. The job cannot continue; every rank exits with status "
+               f"{sp.EXIT_NO_SPARE}.")
+        log.error("%s", msg)
+        print(msg, file=sys.stderr, flush=True)
+        if self.client is not None:
+            self.client.report("no_spare", reason=reason[:500], exit_code=sp.EXIT_NO_SPARE)
+            time.sleep(0.02)
+        if self.on_unmovable == "raise" and not from_thread:
+            raise LinkPassExit(reason, sp.EXIT_NO_SPARE)
+        self._flush_logs()
+        os._exit(sp.EXIT_NO_SPARE)
+
+    @staticmethod
+    def _flush_logs() -> None:
+        for h in logging.getLogger().handlers:
+            try:
+                h.flush()
+            except Exception:
+                pass
+
+    def _bcast_bytes(self, data: bytes | None, src: int) -> bytes:
+        """Broadcast a byte string from ``src`` on the current group (gloo timeout bounds it)."""
+        n = torch.tensor([0 if data is None else len(data)], dtype=torch.int64)
+        opts = dist.BroadcastOptions()
+        opts.rootRank, opts.rootTensor = src, 0
+        self.pg.broadcast([n], opts).wait()
+        buf = (torch.frombuffer(bytearray(data), dtype=torch.uint8) if data is not None and self.rank == src
+               else torch.empty(int(n.item()), dtype=torch.uint8))
+        opts = dist.BroadcastOptions()
+        opts.rootRank, opts.rootTensor = src, 0
+        self.pg.broadcast([buf], opts).wait()
+        return buf.numpy().tobytes()
+
+    def _send_state(self, snapshot) -> None:
+        """After a migration rebuild: the state of the step to replay goes from a healthy
+        replica (``src``) to every rank (the spare loads it; the others already hold it)."""
+        import io
+
+        sync, self._sync = self._sync, None
+        t0 = time.monotonic_ns()
+        data = None
+        if self.rank == sync["src"]:
+            buf = io.BytesIO()
+            torch.save({"states": snapshot[0], "rng": snapshot[1]}, buf)
+            data = buf.getvalue()
+        try:
+            got = self._bcast_bytes(data, sync["src"])
+        except Exception as ex:
+            raise RebuildFailed(f"could not send the state to spare {sync.get('spare')} (rank {sync['rank']}): {ex}") from None
+        if self.events:
+            self.events[-1].update(state_bytes=len(got), state_ms=round((time.monotonic_ns() - t0) / 1e6, 3))
+
+    def _join(self, a: "sp.Assignment") -> None:
+        """A spare takes rank ``a.rank`` over: fence the faulty process, join the agreement of
+        epoch ``a.epoch`` in its place, build the group, receive the state from a healthy replica."""
+        import io
+
+        t0 = time.monotonic_ns()
+        fenced = sp.fence(a, self.host)
+        log.warning("spare %d takes rank %d of %d over (epoch %d, step %d); faulty pid %d on %s: %s", a.spare, a.rank,
+                    a.world_size, a.epoch, a.step, a.pid, a.host, fenced)
+        self.rank, self.step_index = a.rank, a.step
+        resume, rail, t_agree = self._agree(a.epoch, a.step, list(self.rails), a.rail, True, a.reason)
         t_built = time.monotonic_ns()
-        n = it.notice
-        ev = {"event": "rebuilt", "epoch": e, "trigger": it.trigger, "reason": it.reason, "rail_from": rail_from,
-              "rail_to": new_rail, "interrupted_step": in_step, "resume_step": resume,
-              "notice_generation": None if n is None else n.generation, "notice_t_ns": it.t_ns,
-              "aborted_t_ns": t_abort, "agreed_t_ns": t_agree, "built_t_ns": t_built,
-              "abort_ms": round((t_abort - it.t_ns) / 1e6, 3), "agree_ms": round((t_agree - t_abort) / 1e6, 3),
-              "build_ms": round((t_built - t_agree) / 1e6, 3)}
+        src = min(r for r in range(self.world_size) if r != a.rank)
+        try:
+            got = self._bcast_bytes(None, src)
+        except Exception as ex:
+            raise RebuildFailed(f"spare {a.spare}: no state from rank {src}: {ex}") from None
+        snap = torch.load(io.BytesIO(got), weights_only=False)
+        self._restore((snap["states"], snap["rng"]))
+        self.step_index = resume
+        t_state = time.monotonic_ns()
+        ev = {"event": "joined", "epoch": a.epoch, "trigger": "migrate", "reason": a.reason, "rail_from": a.rail,
+              "rail_to": rail, "interrupted_step": a.step, "resume_step": resume, "spare": a.spare, "fenced": fenced,
+              "notice_t_ns": t0, "agreed_t_ns": t_agree, "built_t_ns": t_built, "state_t_ns": t_state,
+              "agree_ms": round((t_agree - t0) / 1e6, 3), "build_ms": round((t_built - t_agree) / 1e6, 3),
+              "state_ms": round((t_state - t_built) / 1e6, 3), "state_bytes": len(got)}
         self.events.append(ev)
         self._awaiting = ev
-        log.warning("rank %d: process group epoch %d on rail %d (was %d); replaying from step %d", self.rank, e, new_rail,
-                    rail_from, resume)
-        return resume
 
     def _first_step_done(self) -> None:
         ev, self._awaiting = self._awaiting, None

@@ -371,8 +371,14 @@ def _build(desc: dict) -> None:
     fab = desc["fabric_netns"]
     os.makedirs(desc["state_dir"], mode=0o755, exist_ok=True)
     _write_notice_key(desc["notice_key_file"])
+    from linkpass.inject import gpu_map
+
     for i in range(len(desc["hosts"])):  # each emulated host's kernel log (see _host_config)
         open(os.path.join(desc["state_dir"], f"h{i}.kmsg"), "a").close()
+        # its emulated GPUs: PCI bus id -> index (linkpass.inject.fake_pci_bus_id), read by the
+        # daemon to tell which hook client a kernel-log Xid concerns
+        with open(os.path.join(desc["state_dir"], f"h{i}.kmsg.gpus.json"), "w") as f:
+            json.dump(gpu_map(), f)
     _create_netns(desc["netns"])
     # Defaults first, so every interface created afterwards inherits them.
     write_sysctls(fab, _no_ipv6())

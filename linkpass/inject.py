@@ -1,0 +1,142 @@
+"""`linkpass inject device-fault`: a GPU fault on an emulated host, as kernel-log evidence.
+
+::
+
+    linkpass inject device-fault --host 1 --gpu 0 --xid 79 [--name lp]
+
+appends one kmsg-style record (``prio,seq,usec,flags;message``, what ``/dev/kmsg`` yields) with
+an NVRM Xid line for that host's GPU to the host's kernel-log file on the emulated fabric
+(``<state_dir>/h<I>.kmsg``, which the host's daemon follows: ``[device] kmsg_path`` in its
+config, see :func:`linkpass.fabric.fabric._host_config`).  The daemon classifies it (Xid 79
+-> domain gpu, action migrate-rank) and sends ``device_fault`` to the hook clients on that GPU.
+
+The fabric has no GPUs: emulated GPU ``G`` of every emulated host has the PCI bus id
+:func:`fake_pci_bus_id` ``(G)`` = ``0000:<0x18+G>:00.0`` (GPU 0 -> ``0000:18:00.0``, GPU 1 ->
+``0000:19:00.0``...; the same on every host, as on identical real nodes).  ``fabric up``
+writes that mapping beside each host's kernel log (``h<I>.kmsg.gpus.json``, bus id -> index),
+and the daemon uses it to map an incident's PCI id to the GPU index hooks register (``gpu``).
+
+Prints one JSON line ``{"host", "gpu", "pci", "xid", "kmsg", "line", "t_issued_ns"}``
+(``t_issued_ns``: monotonic clock, just before the write).  Exit 0; 2 with one line on stderr
+for bad arguments (unknown kind, host or GPU out of range, Xid not 1..999, no such fabric).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+#: emulated GPUs per host (index range of --gpu)
+MAX_GPUS = 8
+_XID_TEXT = {79: "GPU has fallen off the bus.", 48: "An uncorrectable double bit error (DBE) has been detected on GPU in the framebuffer at partition 0, subpartition 0.",
+             94: "Contained: CE User Channel (0x9). RST: No, D-RST: No", 95: "Uncontained: LTC TAG (0x2,0x1). RST: Yes, D-RST: No",
+             119: "Timeout after 6s of waiting for RPC response from GPU0 GSP! Expected function 76 (GSP_RM_CONTROL)."}
+
+
+class InjectError(Exception):
+    """Bad input; the message is the one line printed."""
+
+
+def fake_pci_bus_id(gpu: int) -> str:
+    """PCI bus id of emulated GPU ``gpu`` (0-based) on any emulated host."""
+    return f"0000:{0x18 + gpu:02x}:00.0"
+
+
+def gpu_map(n: int = MAX_GPUS) -> dict[str, int]:
+    """bus id -> GPU index for the emulated GPUs of one host."""
+    return {fake_pci_bus_id(g): g for g in range(n)}
+
+
+def xid_line(gpu: int, xid: int, pid: int = 0) -> str:
+    """The NVRM line the driver prints (``NVRM: Xid (PCI:0000:18:00): 79, pid=..., ...``)."""
+    bus = fake_pci_bus_id(gpu)[:-2]  # the driver prints domain:bus:device, without the function
+    return f"NVRM: Xid (PCI:{bus}): {xid}, pid='<unknown>', name=<unknown>, {_XID_TEXT.get(xid, 'injected by linkpass inject')}"
+
+
+def _int(name: str, text, lo: int, hi: int) -> int:
+    if text is None:
+        raise InjectError(f"--{name} is required")
+    try:
+        v = int(str(text), 10)
+    except ValueError:
+        raise InjectError(f"--{name} must be an integer, got {text!r}") from None
+    if not lo <= v <= hi:
+        raise InjectError(f"--{name} must be {lo}..{hi}, got {v}")
+    return v
+
+
+def inject_device_fault(name: str, host: int, gpu: int, xid: int) -> dict:
+    """Append the Xid record to host ``host``'s kernel log on fabric ``name``."""
+    from linkpass import fabric as fab
+
+    try:
+        desc = fab.load(name)
+    except fab.FabricError as e:
+        raise InjectError(str(e).splitlines()[0] if str(e) else f"no fabric named {name!r}") from None
+    hosts = desc["hosts"]
+    if not 0 <= host < len(hosts):
+        raise InjectError(f"--host must be 0..{len(hosts) - 1} on fabric {name!r}, got {host}")
+    path = os.path.join(os.path.dirname(hosts[host]["control_socket"]), f"h{host}.kmsg")
+    line = xid_line(gpu, xid)
+    seq_file = path + ".seq"
+    try:
+        seq = int(open(seq_file).read() or 0) + 1
+    except (OSError, ValueError):
+        seq = 1
+    t = time.monotonic_ns()
+    rec = f"3,{seq},{t // 1000},-;{line}\n"  # prio 3 (err), like the driver's Xid messages
+    try:
+        with open(path, "a") as f:
+            f.write(rec)
+        with open(seq_file, "w") as f:
+            f.write(str(seq))
+    except OSError as e:
+        raise InjectError(f"cannot append to {path}: {e.strerror or e}") from None
+    return {"host": host, "gpu": gpu, "pci": fake_pci_bus_id(gpu), "xid": xid, "kmsg": path, "line": line, "t_issued_ns": t}
+
+
+def _parser():
+    import argparse
+
+    p = argparse.ArgumentParser(prog="linkpass inject device-fault", add_help=False)
+
+    def error(message):  # one line, exit 2 (argparse would print the usage too)
+        raise InjectError(message)
+
+    p.error = error
+    p.add_argument("--host")
+    p.add_argument("--gpu")
+    p.add_argument("--xid", default="79")
+    p.add_argument("--name", default="lp")
+    return p
+
+
+def cmd_inject(args) -> int:
+    try:
+        if args.kind is None:
+            raise InjectError("say which fault: linkpass inject device-fault --host I --gpu G [--xid 79] [--name NAME]")
+        if args.kind != "device-fault":
+            raise InjectError(f"unknown fault kind {args.kind!r} (known: device-fault)")
+        o = _parser().parse_args(args.rest)
+        host = _int("host", o.host, 0, 15)
+        gpu = _int("gpu", o.gpu, 0, MAX_GPUS - 1)
+        xid = _int("xid", o.xid, 1, 999)
+        r = inject_device_fault(o.name or "lp", host, gpu, xid)
+    except InjectError as e:
+        print(f"linkpass inject: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps(r))
+    return 0
+
+
+def register(sub) -> None:
+    import argparse
+
+    p = sub.add_parser("inject", help="inject a device fault on the emulated fabric (kernel-log Xid line)",
+                       description="linkpass inject device-fault --host I --gpu G [--xid 79] [--name NAME]: "
+                       "append an NVRM Xid record for emulated GPU G (PCI 0000:<0x18+G>:00.0) to host I's kernel log")
+    p.add_argument("kind", nargs="?", help="device-fault")
+    p.add_argument("rest", nargs=argparse.REMAINDER, help="--host I --gpu G [--xid 79] [--name NAME]")
+    p.set_defaults(func=cmd_inject)

@@ -1,0 +1,151 @@
+"""Rank migration on loopback with real gloo and a stand-in daemon hook socket (no root):
+a device_fault message reaches rank 1's hook mid-run; a hot spare takes rank 1 over, the job
+ends with weights bitwise equal to a fault-free run; with no spare every rank stops with
+EXIT_NO_SPARE (69) and nobody hangs."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from torch_hooks.spare import EXIT_FENCED, EXIT_NO_SPARE
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class FakeDaemon:
+    """A hooks socket that registers clients and sends one device_fault on demand."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.srv.bind(path)
+        self.srv.listen(8)
+        self.conns: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            try:
+                c, _ = self.srv.accept()
+            except OSError:
+                return
+            self.conns.append(c)
+            threading.Thread(target=self._serve, args=(c,), daemon=True).start()
+
+    def _serve(self, c):
+        f = c.makefile("rb")
+        for line in f:
+            try:
+                msg = json.loads(line)
+            except ValueError:
+                continue
+            if msg.get("type") == "register":
+                c.sendall(json.dumps({"type": "registered", "v": 1, "client_id": 1, "host": "h1", "unknown_peers": []}).encode() + b"\n")
+
+    def fault(self, gpu: int = 0):
+        msg = {"type": "device_fault", "v": 1, "instance": "x", "host": "h1", "gpu": gpu, "t_ns": time.monotonic_ns(),
+               "incident": {"domain": "gpu", "device": "0000:18:00.0", "code": "xid:79", "action": "migrate-rank",
+                            "remedy": "reboot-node", "source": "kmsg", "summary": "GPU has fallen off the bus"}}
+        for c in list(self.conns):
+            try:
+                c.sendall(json.dumps(msg).encode() + b"\n")
+            except OSError:
+                pass
+
+    def close(self):
+        self.srv.close()
+        for c in self.conns:
+            c.close()
+
+
+def _port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    p = s.getsockname()[1]
+    s.close()
+    return p
+
+
+def _launch(tmp: Path, tag: str, port: int, steps: int, rank: int, sock: str | None, spare: bool = False, gpu: int = 0):
+    out, prog = tmp / f"{tag}-{'spare' if spare else rank}.json", tmp / f"{tag}-{'spare' if spare else rank}.progress"
+    cmd = [sys.executable, "-m", "linkpass.demo_train", "--rank", str(rank), "--world-size", "2", "--master-addr", "127.0.0.1",
+           "--master-port", str(port), "--steps", str(steps), "--hook", "--rail-ifaces", "0=lo", "--rail", "0",
+           "--hooks-socket", sock or str(tmp / "nobody.sock"), "--timeout-s", "20", "--gpu", str(gpu),
+           "--host", "h1" if rank == 1 or spare else "h0", "--out", str(out), "--progress", str(prog), "--spare-wait-s", "60"]
+    if spare:
+        cmd.append("--spare")
+    log = open(tmp / f"{tag}-{'spare' if spare else rank}.log", "w")
+    return subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT), out, prog
+
+
+def _progress(p: Path) -> int:
+    try:
+        return int(p.read_text() or 0)
+    except (OSError, ValueError):
+        return 0
+
+
+def _run(tmp: Path, tag: str, steps: int, spare: bool, fault: bool):
+    sock = str(tmp / f"{tag}.hooks.sock")
+    fd = FakeDaemon(sock) if fault else None
+    port = _port()
+    procs = [_launch(tmp, tag, port, steps, 0, None, gpu=0), _launch(tmp, tag, port, steps, 1, sock if fault else None, gpu=0)]
+    if spare:
+        procs.append(_launch(tmp, tag, port, steps, 1, None, spare=True, gpu=1))
+    t_fault = None
+    try:
+        if fault:
+            deadline = time.monotonic() + 60
+            while _progress(procs[1][2]) < steps // 3:
+                assert time.monotonic() < deadline, "no progress"
+                assert procs[1][0].poll() is None, (tmp / f"{tag}-1.log").read_text()[-2000:]
+                time.sleep(0.01)
+            t_fault = time.monotonic_ns()
+            fd.fault(0)
+        codes = [p.wait(90) for p, _, _ in procs]
+    finally:
+        for p, _, _ in procs:
+            if p.poll() is None:
+                p.kill()
+        if fd:
+            fd.close()
+    res = [json.loads(o.read_text()) if o.exists() else None for _, o, _ in procs]
+    return codes, res, t_fault
+
+
+def test_spare_takes_over_a_faulty_rank_and_weights_match(tmp_path):
+    steps = 60
+    codes, ref, _ = _run(tmp_path, "ref", steps, spare=False, fault=False)
+    assert codes == [0, 0]
+    codes, res, t_fault = _run(tmp_path, "mig", steps, spare=True, fault=True)
+    logs = "\n".join((tmp_path / f).read_text()[-1500:] for f in ("mig-0.log", "mig-1.log", "mig-spare.log"))
+    # the faulty process exits 74 by itself, or the spare's fence SIGKILLs it first
+    assert codes[0] == 0 and codes[2] == 0 and codes[1] in (EXIT_FENCED, -9), logs
+    r0, sp = res[0], res[2]
+    assert sp["rank"] == 1 and sp["spare"] == 1 and sp["steps_done"] == steps, logs
+    assert r0["weights_sha256"] == sp["weights_sha256"] == ref[0]["weights_sha256"], logs
+    joined = sp["rebuilds"][0]
+    assert joined["event"] == "joined" and joined["epoch"] == 1 and joined["state_bytes"] > 0
+    assert joined["first_step_t_ns"] > t_fault
+    ev0 = r0["rebuilds"][0]
+    assert ev0["trigger"] in ("migrate", "error", "peer") and ev0["migrated_rank"] == 1 and ev0["state_from"] == 0
+
+
+def test_no_spare_left_stops_every_rank_with_a_distinct_code(tmp_path):
+    t0 = time.monotonic()
+    codes, res, _ = _run(tmp_path, "nosp", 400, spare=False, fault=True)
+    logs = "\n".join((tmp_path / f).read_text()[-1500:] for f in ("nosp-0.log", "nosp-1.log"))
+    assert codes == [EXIT_NO_SPARE, EXIT_NO_SPARE], logs
+    assert "NO SPARE LEFT" in (tmp_path / "nosp-1.log").read_text()
+    assert "NO SPARE LEFT" in (tmp_path / "nosp-0.log").read_text()
+    assert time.monotonic() - t0 < 60

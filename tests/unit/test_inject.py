@@ -1,0 +1,74 @@
+"""`linkpass inject device-fault`: argument errors (one line, exit 2) and the evidence it writes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from linkpass import cli, inject
+from linkpass import fabric as fab
+from linkpass.core.classify import classify_text
+
+
+@pytest.mark.parametrize("argv, why", [
+    (["inject"], "say which fault"),
+    (["inject", "link-fault", "--host", "0", "--gpu", "0"], "unknown fault kind"),
+    (["inject", "device-fault", "--gpu", "0"], "--host is required"),
+    (["inject", "device-fault", "--host", "x", "--gpu", "0"], "--host must be an integer"),
+    (["inject", "device-fault", "--host", "0", "--gpu", "9"], "--gpu must be 0..7"),
+    (["inject", "device-fault", "--host", "0", "--gpu", "0", "--xid", "0"], "--xid must be 1..999"),
+    (["inject", "device-fault", "--host", "0", "--gpu", "0", "--bogus"], "unrecognized arguments"),
+])
+def test_bad_arguments_one_line_exit_2(argv, why, capsys):
+    try:
+        rc = cli.main(argv)
+    except SystemExit as e:
+        rc = e.code
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert len(err.strip().splitlines()) == 1 and why in err, err
+
+
+def test_unknown_fabric_and_host_out_of_range(monkeypatch, tmp_path, capsys):
+    def load(name):
+        if name != "lp":
+            raise fab.FabricError(f"no fabric named {name}")
+        return {"hosts": [{"control_socket": str(tmp_path / "h0.sock")}, {"control_socket": str(tmp_path / "h1.sock")}]}
+    monkeypatch.setattr(fab, "load", load)
+    assert cli.main(["inject", "device-fault", "--host", "0", "--gpu", "0", "--name", "zz"]) == 2
+    assert cli.main(["inject", "device-fault", "--host", "2", "--gpu", "0"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and "no fabric named zz" in err[0] and "--host must be 0..1" in err[1]
+    # a good one: a kmsg record the classifier reads as a GPU fault on GPU 1's bus id
+    assert cli.main(["inject", "device-fault", "--host", "1", "--gpu", "1", "--xid", "79"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["pci"] == "0000:19:00.0" and out["kmsg"] == str(tmp_path / "h1.kmsg")
+    rec = (tmp_path / "h1.kmsg").read_text()
+    assert rec.startswith("3,1,") and ";NVRM: Xid (PCI:0000:19:00): 79," in rec
+    assert cli.main(["inject", "device-fault", "--host", "1", "--gpu", "0"]) == 0
+    assert (tmp_path / "h1.kmsg").read_text().splitlines()[1].startswith("3,2,")
+
+
+def test_fake_pci_ids_map_back_to_gpu_indexes():
+    m = inject.gpu_map()
+    assert m["0000:18:00.0"] == 0 and m["0000:1f:00.0"] == 7 and len(m) == inject.MAX_GPUS
+    for g in range(inject.MAX_GPUS):
+        assert inject.fake_pci_bus_id(g) in m
+    inc = classify_text("3,7,100,-;" + inject.xid_line(2, 79) + "\n")
+    assert [(i.domain, i.device, i.code, i.action) for i in inc] == [("gpu", "0000:1a:00.0", "xid:79", "migrate-rank")]
+
+
+def test_daemon_maps_a_fabric_pci_id_to_the_registered_gpu_index(tmp_path):
+    from types import SimpleNamespace
+
+    from linkpass.daemon import Daemon
+
+    k = tmp_path / "h1.kmsg"
+    (tmp_path / "h1.kmsg.gpus.json").write_text(json.dumps(inject.gpu_map()))
+    me = SimpleNamespace(device_sources={}, nccl_topology=None, cfg=SimpleNamespace(device=SimpleNamespace(kmsg_path=str(k))))
+    assert Daemon._gpu_index(me, "0000:18:00.0") == 0
+    assert Daemon._gpu_index(me, "0000:19:00.0") == 1
+    assert Daemon._gpu_index(me, "0000:91:00.0") is None
+    me.cfg.device.kmsg_path = str(tmp_path / "other.kmsg")  # no map beside it
+    assert Daemon._gpu_index(me, "0000:18:00.0") is None

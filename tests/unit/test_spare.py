@@ -1,0 +1,97 @@
+"""The spare assignment protocol (torch_hooks.spare) on an in-process store."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.distributed as dist
+
+from torch_hooks import spare as sp
+
+
+def _kv(store, job="j"):
+    return dist.PrefixStore(f"linkpass/{job}", store)
+
+
+def test_same_host_spare_first_each_spare_once_then_none():
+    store = dist.HashStore()
+    a = sp.Spare(store, job="j", host="h0")
+    b = sp.Spare(store, job="j", host="h1")
+    c = sp.Spare(store, job="j", host="h1")
+    kv = _kv(store)
+    x = sp.request_migration(kv, epoch=1, rank=1, world_size=2, step=7, rail=0, reason="xid:79", host="h1", pid=12345)
+    assert x.spare == b.id and x.rank == 1 and x.step == 7 and x.host == "h1"
+    assert b.wait(1) == x
+    # the same epoch again answers with the existing assignment
+    assert sp.request_migration(kv, epoch=1, rank=1, world_size=2, step=7, rail=0, reason="again", host="h1") == x
+    req = sp.read_migration(kv, 1)
+    assert req["rank"] == 1 and req["spare"] == b.id
+    y = sp.request_migration(kv, epoch=2, rank=1, world_size=2, step=9, rail=0, reason="xid:79", host="h1")
+    assert y.spare == c.id
+    z = sp.request_migration(kv, epoch=3, rank=0, world_size=2, step=11, rail=0, reason="xid:48", host="h0")
+    assert z.spare == a.id
+    # none left: the request says so
+    assert sp.request_migration(kv, epoch=4, rank=0, world_size=2, step=12, rail=0, reason="xid:79", host="h0") is None
+    assert sp.read_migration(kv, 4)["spare"] is None
+    assert sp.read_migration(kv, 5) is None
+
+
+def test_a_retired_spare_is_never_assigned_and_a_wait_times_out():
+    store = dist.HashStore()
+    s = sp.Spare(store, job="j", host="h0")
+    t0 = time.monotonic()
+    assert s.wait(0.3, poll_s=0.05) is None  # retired
+    assert time.monotonic() - t0 < 3
+    assert sp.request_migration(_kv(store), epoch=1, rank=0, world_size=2, step=0, rail=0, reason="r", host="h0") is None
+
+
+def test_claim_races_are_exclusive():
+    store = dist.HashStore()
+    spares = [sp.Spare(store, job="j", host="h0") for _ in range(3)]
+    got, lock = [], threading.Lock()
+
+    def claim():
+        d = sp.claim_spare(_kv(store), "h0")
+        with lock:
+            got.append(None if d is None else d["id"])
+
+    ts = [threading.Thread(target=claim) for _ in range(8)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert sorted(i for i in got if i is not None) == sorted(s.id for s in spares)
+    assert got.count(None) == 5
+    assert all(not s.retire() for s in spares)
+
+
+def test_assignment_round_trip_and_fence_kills_only_the_recorded_process():
+    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        a = sp.Assignment(epoch=1, rank=1, world_size=2, step=3, rail=0, host="h1", pid=p.pid, start=sp.proc_start(p.pid), spare=2)
+        assert sp.Assignment.from_json(a.to_json()) == a
+        assert sp.fence(a, host="h0") == "other-host"
+        wrong = sp.Assignment(**{**json.loads(a.to_json()), "start": (a.start or 0) + 1})
+        assert sp.fence(wrong, host="h1") == "gone"  # same pid, another process: left alone
+        assert p.poll() is None
+        assert sp.fence(a, host="h1") == "killed"
+        assert p.wait(5) == -9
+        assert sp.fence(a, host="h1") == "gone"
+    finally:
+        if p.poll() is None:
+            p.kill()
+
+
+def test_exit_codes_are_distinct():
+    from torch_hooks.guard import EXIT_MIGRATE
+
+    assert len({sp.EXIT_NO_SPARE, sp.EXIT_FENCED, EXIT_MIGRATE, 0, 1, 2}) == 6
+    assert os.EX_UNAVAILABLE == sp.EXIT_NO_SPARE and os.EX_IOERR == sp.EXIT_FENCED

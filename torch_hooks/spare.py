@@ -1,0 +1,232 @@
+"""Hot-spare workers and the spare-assignment protocol of rank migration (issue 6, part 4).
+
+A host keeps N hot-spare worker processes: torch imported, the job's model code loaded, a
+connection to the job's store, no rank.  Each one announces itself and waits for an
+assignment::
+
+    from torch_hooks.spare import Spare
+
+    spare = Spare(store, job="llm7", host="gpu-node-08")      # announces itself
+    a = spare.wait(timeout_s=600)                             # None: nobody needed it (it retired)
+    guard = LinkPassGuard(store, a.rank, a.world_size, ..., join=a)   # takes rank a.rank over
+
+Keys (under ``linkpass/<job>/`` in the job's store, the same ``PrefixStore`` the guard uses):
+
+* ``spares/seq``: a counter; a spare's id is ``add("spares/seq", 1)``;
+* ``spares/<id>``: ``{"id", "host", "pid", "start"}`` (``start``: the process's start time in
+  clock ticks from ``/proc/<pid>/stat``, so a recycled pid is never mistaken for it);
+* ``spares/<id>/claimed``: a counter; whoever gets 1 from ``add(..., 1)`` owns the spare: the
+  rank that assigns it, or the spare itself when it retires (timeout, shutdown).  One atomic
+  add per spare, so a spare is never given twice and never given after it retired;
+* ``spares/<id>/assign``: the :class:`Assignment` (JSON), written after a successful claim;
+* ``migrate/<epoch>/req``: the migration request the other ranks find in the store (the same
+  way they find ``rebuild/<epoch>/req``): ``{"rank", "spare": id | null, "host", "pid",
+  "start", "step", "rail", "reason"}``.  ``spare: null`` means no spare was left: every rank
+  stops with :data:`EXIT_NO_SPARE`.
+
+Which spare: one on the faulty rank's host first (its host can fence the faulty process by
+pid, and the job keeps its host layout), then any other, lowest id first.
+
+Fencing: the faulty process exits at once after writing the request (it never touches its GPU
+or a collective again); the spare, when it is on the same host, also ``SIGKILL``s the
+recorded pid if that process still exists with the recorded start time.  The new process group
+lives under a new generation prefix, so nothing of the old one can be joined by accident.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import os
+import signal
+import socket
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+log = logging.getLogger("linkpass.torch_hooks")
+
+#: Exit status of every rank when a rank must move and no spare is left (EX_UNAVAILABLE in
+#: sysexits.h: "a service is unavailable").  Distinct from 75 (EXIT_MIGRATE: the launcher may
+#: restart the rank) and from 1 (a plain error).
+EXIT_NO_SPARE = 69
+#: Exit status of the faulty process itself after it handed its rank over (EX_IOERR: its
+#: device failed).  It never trains again; the job continues without it.
+EXIT_FENCED = 74
+
+
+def host_name() -> str:
+    return os.environ.get("LINKPASS_HOST") or socket.gethostname()
+
+
+def proc_start(pid: int) -> int | None:
+    """Start time of ``pid`` in clock ticks since boot (field 22 of /proc/<pid>/stat), or None."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            data = f.read()
+    except OSError:
+        return None
+    try:
+        return int(data[data.rindex(")") + 2:].split()[19])
+    except (ValueError, IndexError):
+        return None
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """What a spare is told: take ``rank`` of ``world_size`` in process group ``epoch``,
+    replacing the process ``pid`` (start time ``start``) on ``host``; the job was in step
+    ``step`` on rail ``rail``."""
+
+    epoch: int
+    rank: int
+    world_size: int
+    step: int
+    rail: int
+    host: str
+    pid: int
+    start: int | None
+    spare: int
+    reason: str = ""
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> Assignment:
+        d = json.loads(text)
+        return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
+
+
+def _get_json(kv: Any, key: str) -> dict | None:
+    try:
+        return json.loads(kv.get(key))
+    except Exception:
+        return None
+
+
+def list_spares(kv: Any) -> list[dict]:
+    """Announced spares (claimed or not), lowest id first."""
+    try:
+        n = int(kv.add("spares/seq", 0))
+    except Exception:
+        return []
+    out = []
+    for i in range(1, n + 1):
+        key = f"spares/{i}"
+        if kv.check([key]):
+            d = _get_json(kv, key)
+            if d is not None:
+                out.append(d)
+    return out
+
+
+def claim_spare(kv: Any, host: str) -> dict | None:
+    """Claim one free spare (same ``host`` first); returns its announcement or None when none
+    is left.  Atomic per spare (``add`` on ``spares/<id>/claimed``)."""
+    spares = list_spares(kv)
+    spares.sort(key=lambda d: (d.get("host") != host, d["id"]))
+    for d in spares:
+        if kv.check([f"spares/{d['id']}/claimed"]) and int(kv.add(f"spares/{d['id']}/claimed", 0)) > 0:
+            continue
+        if int(kv.add(f"spares/{d['id']}/claimed", 1)) == 1:
+            return d
+    return None
+
+
+def request_migration(kv: Any, *, epoch: int, rank: int, world_size: int, step: int, rail: int, reason: str,
+                      host: str | None = None, pid: int | None = None) -> Assignment | None:
+    """Called by the faulty rank: claim a spare, write its assignment, then the request every
+    rank finds (``migrate/<epoch>/req``).  Returns the assignment, or None when no spare is left
+    (the request then says ``spare: null``).  Does nothing but return the existing answer when
+    a request for ``epoch`` exists already."""
+    host = host or host_name()
+    pid = os.getpid() if pid is None else pid
+    req_key = f"migrate/{epoch}/req"
+    if kv.check([req_key]):
+        d = _get_json(kv, req_key) or {}
+        sp = d.get("spare")
+        return None if sp is None else Assignment.from_json(kv.get(f"spares/{sp}/assign"))
+    d = claim_spare(kv, host)
+    a = None
+    if d is not None:
+        a = Assignment(epoch=epoch, rank=rank, world_size=world_size, step=step, rail=rail, host=host, pid=pid,
+                       start=proc_start(pid), spare=d["id"], reason=reason[:300])
+        kv.set(f"spares/{d['id']}/assign", a.to_json())
+    kv.set(req_key, json.dumps({"rank": rank, "spare": None if a is None else a.spare, "host": host, "pid": pid,
+                                "start": proc_start(pid), "step": step, "rail": rail, "reason": reason[:300]}))
+    return a
+
+
+def read_migration(kv: Any, epoch: int) -> dict | None:
+    """The migration request for ``epoch``, or None when there is none (or the store fails)."""
+    try:
+        if not kv.check([f"migrate/{epoch}/req"]):
+            return None
+    except Exception:
+        return None
+    return _get_json(kv, f"migrate/{epoch}/req")
+
+
+def fence(a: Assignment, host: str | None = None) -> str:
+    """Make sure the process ``a`` replaces cannot join a collective again: ``SIGKILL`` it when
+    it is on this host and still the same process (pid and start time).  Returns what was done:
+    ``"killed"``, ``"gone"``, ``"other-host"``."""
+    if a.host != (host or host_name()):
+        return "other-host"
+    start = proc_start(a.pid)
+    if start is None or (a.start is not None and start != a.start):
+        return "gone"
+    try:
+        os.kill(a.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return "gone"
+    return "killed"
+
+
+class Spare:
+    """A hot-spare worker's side of the protocol: announce, wait, take a rank or retire.
+
+    Args:
+        store: the job's store (the guard's ``base_store``: a TCPStore on the front-end network).
+        job: job id (the store prefix ``linkpass/<job>/``).
+        host: this host's name (default ``$LINKPASS_HOST`` or the hostname).
+    """
+
+    def __init__(self, store: Any, job: str = "job", host: str | None = None):
+        import torch.distributed as dist
+
+        self.kv = dist.PrefixStore(f"linkpass/{job}", store)
+        self.host = host or host_name()
+        self.pid = os.getpid()
+        self.id = int(self.kv.add("spares/seq", 1))
+        self.kv.set(f"spares/{self.id}", json.dumps({"id": self.id, "host": self.host, "pid": self.pid,
+                                                     "start": proc_start(self.pid)}))
+        log.info("spare %d on %s (pid %d) waiting for an assignment", self.id, self.host, self.pid)
+
+    def wait(self, timeout_s: float, poll_s: float = 1.0) -> Assignment | None:
+        """Block until assigned (returns the :class:`Assignment`) or ``timeout_s`` passes; then
+        retire (claim itself) and return None.  A claim that races the retirement wins: the
+        spare then waits (up to 10 s more) for the assignment that claim is about to write."""
+        key = f"spares/{self.id}/assign"
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                self.kv.wait([key], datetime.timedelta(seconds=max(0.01, min(poll_s, deadline - time.monotonic()))))
+                return Assignment.from_json(self.kv.get(key))
+            except Exception:
+                continue  # a wait timeout: check the deadline and wait again
+        if int(self.kv.add(f"spares/{self.id}/claimed", 1)) == 1:
+            log.info("spare %d: no assignment within %.0f s; retiring", self.id, timeout_s)
+            return None
+        try:
+            self.kv.wait([key], datetime.timedelta(seconds=10))
+            return Assignment.from_json(self.kv.get(key))
+        except Exception:
+            log.error("spare %d: claimed but no assignment written within 10 s; retiring", self.id)
+            return None
+
+    def retire(self) -> bool:
+        """Withdraw this spare (True) unless it was claimed already (False: call :meth:`wait`)."""
+        return int(self.kv.add(f"spares/{self.id}/claimed", 1)) == 1
