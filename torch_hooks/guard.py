@@ -109,6 +109,11 @@ log = logging.getLogger("linkpass.torch_hooks")
 #: Exit status when the rank cannot continue in this process (EX_TEMPFAIL): a launcher should
 #: start it again (elsewhere, once rank migration exists).
 EXIT_MIGRATE = 75
+#: Exit status when the ranks could not agree on or build a new process group within
+#: ``rebuild_timeout_s`` (a rank that died for good, a fault on the spare, a second fault during
+#: a migration): 76, ``EX_PROTOCOL`` in sysexits.h.  Distinct from 75 (move the rank), 74 (this
+#: rank was fenced) and 69 (no spare left).
+EXIT_REBUILD_FAILED = 76
 
 
 def nccl_port_failover(environ: Mapping[str, str]) -> tuple[bool, str]:
@@ -500,10 +505,30 @@ class LinkPassGuard:
         docstring.
 
         Raises:
-            RebuildFailed: no agreement or no new process group (store or connect timeout).
+            RebuildFailed: with ``on_unmovable="raise"``: no agreement or no new process group
+                (store or connect timeout).  With ``"exit"`` the process logs why, reports
+                ``rebuild_failed`` and exits with :data:`EXIT_REBUILD_FAILED` instead: it never
+                hangs and never leaves a traceback for a fault it could not handle.
             LinkPassExit: with ``on_unmovable="raise"``, when the rank cannot move in-process.
             Anything ``fn`` raises that is not a handled link fault.
         """
+        try:
+            return self._step(fn, *args, **kwargs)
+        except RebuildFailed as e:
+            if self.on_unmovable == "raise":
+                raise
+            why = (f"linkpass: REBUILD FAILED: {e}. The job cannot go on in-process; this rank exits "
+                   f"with status {EXIT_REBUILD_FAILED} so the launcher can restart the job.")
+            log.error("%s", why)
+            print(why, file=sys.stderr, flush=True)
+            if self.client is not None:
+                try:
+                    self.client.report("rebuild_failed", reason=str(e)[:500], exit_code=EXIT_REBUILD_FAILED)
+                except Exception:  # noqa: BLE001 - exiting anyway
+                    pass
+            os._exit(EXIT_REBUILD_FAILED)
+
+    def _step(self, fn: Callable, *args, **kwargs):
         cur = _Call(self.step_index, fn, args, kwargs, self._snapshot())
         queue = [cur]
         replay = False

@@ -51,6 +51,8 @@ def worker(argv: list[str]) -> int:
     p.add_argument("--progress")
     p.add_argument("--pause", default="", help="STEP:SECONDS pause before the collective of that step")
     p.add_argument("--no-daemon", action="store_true")
+    p.add_argument("--die", type=int, default=-1, help="this rank dies (os._exit) before the collective of that step")
+    p.add_argument("--exit-mode", action="store_true", help="on_unmovable='exit', rebuild timeout 3 s")
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s rank" + str(a.rank) + " %(name)s %(message)s")
     torch.set_num_threads(1)
@@ -62,7 +64,8 @@ def worker(argv: list[str]) -> int:
     pause_step, pause_s = (int(a.pause.split(":")[0]), float(a.pause.split(":")[1])) if a.pause else (-1, 0.0)
     peer = "h1" if a.rank == 0 else "h0"
     guard = LinkPassGuard(store, a.rank, 2, rails={0: "lo", 1: "lo"}, rail=0, state=[model, opt], job="t",
-                          peers=[peer], hooks_socket=a.socket, connect=not a.no_daemon, on_unmovable="raise",
+                          peers=[peer], hooks_socket=a.socket, connect=not a.no_daemon,
+                          on_unmovable="exit" if a.exit_mode else "raise", rebuild_timeout_s=3.0 if a.exit_mode else 30.0,
                           timeout=datetime.timedelta(seconds=20), error_grace_s=3.0)
     params = list(model.parameters())
     paused = set()
@@ -75,6 +78,11 @@ def worker(argv: list[str]) -> int:
         loss = torch.nn.functional.cross_entropy(model(x), y)
         loss.backward()
         flat = torch.cat([q.grad.reshape(-1) for q in params])
+        if step == a.die:
+            # a migration/rebuild starts (the request every rank finds), then this rank is lost for
+            # good before it joins: a second fault during the migration, or a fault on the spare
+            guard.kv.set(f"rebuild/{guard.epoch + 1}/req", json.dumps({"rank": a.rank, "reason": "test", "unmovable": False}))
+            os._exit(9)
         if step == pause_step and step not in paused:
             paused.add(step)
             time.sleep(pause_s)
@@ -344,3 +352,27 @@ def test_nccl_env_and_guard_agree_on_a_one_port_per_nic_node(capsys):
     assert "NCCL_IB_RESILIENCY_PORT_FAILOVER" not in doc["env"]
     assert any("no second healthy port" in n for n in doc["notes"])
     assert nccl_port_failover(doc["env"])[0] is False
+
+
+def test_a_rank_lost_for_good_stops_the_others_with_a_distinct_status_never_a_hang(tmp_path):
+    """A rebuild starts and rank 1 is then lost for good (a second fault during a migration, or a
+    fault on the spare): rank 0 finds the request, waits rebuild_timeout_s for rank 1's proposal,
+    and exits with EXIT_REBUILD_FAILED (76) and one clear line, not a traceback and not a hang."""
+    from torch_hooks.guard import EXIT_REBUILD_FAILED
+
+    port = _free_port()
+    procs = []
+    for r in range(2):
+        argv = [sys.executable, __file__, "worker", "--rank", str(r), "--port", str(port), "--socket", str(tmp_path / f"h{r}.sock"),
+                "--steps", "40", "--out", str(tmp_path / f"d{r}.json"), "--progress", str(tmp_path / f"d{r}.progress"),
+                "--no-daemon", "--exit-mode"] + (["--die", "5"] if r == 1 else [])
+        procs.append(subprocess.Popen(argv, stdout=open(tmp_path / f"d{r}.log", "w"), stderr=subprocess.STDOUT, cwd=ROOT))
+    assert procs[1].wait(60) == 9
+    try:
+        rc = procs[0].wait(60)
+    except subprocess.TimeoutExpired:
+        procs[0].kill()
+        raise AssertionError("rank 0 hung: " + (tmp_path / "d0.log").read_text()[-3000:])
+    log = (tmp_path / "d0.log").read_text()
+    assert rc == EXIT_REBUILD_FAILED, log[-3000:]
+    assert "REBUILD FAILED" in log and "Traceback" not in log, log[-3000:]
