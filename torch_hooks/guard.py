@@ -295,6 +295,7 @@ class LinkPassGuard:
             raise ValueError("on_unmovable must be 'exit' or 'raise'")
         self.base_store = store
         self.kv = dist.PrefixStore(f"linkpass/{job}", store)
+        self._store, self._job = store, job
         self.rank, self.world_size = rank, world_size
         self.rails = dict(rails)
         self.state = list(state)
@@ -658,6 +659,18 @@ class LinkPassGuard:
 
     # ---------------------------------------------------------------- rank migration (torch_hooks.spare)
 
+    def _own_kv(self):
+        """A second client connection to the job's store (TCPStore), under the same prefix; the
+        shared one when the store is not a TCPStore."""
+        st = self._store
+        if isinstance(st, dist.TCPStore):
+            try:
+                own = dist.TCPStore(st.host, st.port, is_master=False, timeout=datetime.timedelta(seconds=10))
+                return dist.PrefixStore(f"linkpass/{self._job}", own)
+            except Exception as e:  # noqa: BLE001 - fall back to the shared connection
+                log.warning("second store connection failed (%s); using the shared one", e)
+        return self.kv
+
     def _on_device_fault(self, msg: dict) -> None:
         """The daemon says this process's GPU failed (client thread): hand the rank to a spare
         through the store and exit at once (fenced).  With no spare left: say so and exit
@@ -671,7 +684,10 @@ class LinkPassGuard:
         inc = msg.get("incident") or {}
         reason = f"{inc.get('code')} on {inc.get('device')} ({inc.get('domain')}, action {inc.get('action')}): {inc.get('summary') or ''}"
         try:
-            a = sp.request_migration(self.kv, epoch=self.epoch + 1, rank=self.rank, world_size=self.world_size,
+            # this runs on the client thread while the main thread may be inside a store call:
+            # a TCPStore client is one socket and not safe to share between threads, so the
+            # request goes over a connection of its own
+            a = sp.request_migration(self._own_kv(), epoch=self.epoch + 1, rank=self.rank, world_size=self.world_size,
                                      step=self.step_index, rail=self.rail, reason=reason, host=self.host)
         except Exception as e:
             a = None

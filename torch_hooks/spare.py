@@ -210,22 +210,33 @@ class Spare:
         retire (claim itself) and return None.  A claim that races the retirement wins: the
         spare then waits (up to 10 s more) for the assignment that claim is about to write."""
         key = f"spares/{self.id}/assign"
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            try:
-                self.kv.wait([key], datetime.timedelta(seconds=max(0.01, min(poll_s, deadline - time.monotonic()))))
-                return Assignment.from_json(self.kv.get(key))
-            except Exception:
-                continue  # a wait timeout: check the deadline and wait again
+        # poll with check(), never a store wait() that can time out: a TCPStore wait that times
+        # out leaves a waiter on the server, whose late answer (when the key is finally set)
+        # arrives on this connection and desynchronises every later request on it (the spare
+        # then hung in the next agreement, about one migration in three)
+        if self._poll(key, timeout_s, poll_s):
+            return Assignment.from_json(self.kv.get(key))
         if int(self.kv.add(f"spares/{self.id}/claimed", 1)) == 1:
             log.info("spare %d: no assignment within %.0f s; retiring", self.id, timeout_s)
             return None
-        try:
-            self.kv.wait([key], datetime.timedelta(seconds=10))
+        if self._poll(key, 10.0, poll_s):
             return Assignment.from_json(self.kv.get(key))
-        except Exception:
-            log.error("spare %d: claimed but no assignment written within 10 s; retiring", self.id)
-            return None
+        log.error("spare %d: claimed but no assignment written within 10 s; retiring", self.id)
+        return None
+
+    def _poll(self, key: str, timeout_s: float, poll_s: float) -> bool:
+        """True once ``key`` exists (checked every ``min(poll_s, 20 ms)``), False after ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        step = min(poll_s, 0.02)
+        while True:
+            try:
+                if self.kv.check([key]):
+                    return True
+            except Exception as e:  # noqa: BLE001 - store trouble: keep trying until the deadline
+                log.debug("spare %d: store check failed: %s", self.id, e)
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(step)
 
     def retire(self) -> bool:
         """Withdraw this spare (True) unless it was claimed already (False: call :meth:`wait`)."""
