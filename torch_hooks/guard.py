@@ -643,7 +643,10 @@ class LinkPassGuard:
         except Exception as ex:
             raise RebuildFailed(f"not every rank joined rebuild epoch {e} within {self.rebuild_timeout_s} s: {ex}") from None
         t_agree = time.monotonic_ns()
-        resume = min(p["step"] for p in props)
+        steps = [p["step"] for p in props if p.get("step") is not None]  # a joining spare has none
+        if not steps:
+            raise RebuildFailed(f"no rank of rebuild epoch {e} has a step to resume from")
+        resume = min(steps)
         common = set(self.rails)
         for p in props:
             common &= set(p["usable"])
@@ -767,7 +770,9 @@ class LinkPassGuard:
         log.warning("spare %d takes rank %d of %d over (epoch %d, step %d); faulty pid %d on %s: %s", a.spare, a.rank,
                     a.world_size, a.epoch, a.step, a.pid, a.host, fenced)
         self.rank, self.step_index = a.rank, a.step
-        resume, rail, t_agree = self._agree(a.epoch, a.step, list(self.rails), a.rail, True, a.reason)
+        # no step of its own: the spare takes the state (and so the step) of a healthy replica;
+        # the faulty rank's last step may lag the others' (it ran on while asking for a spare)
+        resume, rail, t_agree = self._agree(a.epoch, None, list(self.rails), a.rail, True, a.reason)
         t_built = time.monotonic_ns()
         src = min(r for r in range(self.world_size) if r != a.rank)
         try:
