@@ -86,6 +86,8 @@ class Daemon:
                                 [p.name for p in cfg.peers], self.prober.set_priority_peers if self.prober else None,
                                 cfg.hooks.max_clients) if cfg.hooks.enabled else None
         self.device_sources: dict = {}  # name -> running live device source (kmsg, nvml, rdma)
+        # callables taking a list of new engine HistoryEntry items after each engine step (see _emit)
+        self.event_sinks: list = []
         self.routes_skipped = 0
         self._timer: asyncio.TimerHandle | None = None
         self._stop = asyncio.Event()
@@ -156,6 +158,15 @@ class Daemon:
                 asyncio.get_running_loop().create_task(self.routes.refresh_neighbors(a.netdev))
             elif isinstance(a, NotifyDeviceFault):
                 self._device_fault(a)
+
+    def _emit(self, entries) -> None:
+        """Pass new engine history entries (:class:`HistoryEntry`, oldest first) to every event
+        sink (MQTT alerts, metrics).  A failing sink is logged and never stops the engine."""
+        for sink in self.event_sinks:
+            try:
+                sink(entries)
+            except Exception:
+                log.exception("event sink %r failed; %d event(s) not passed to it", sink, len(entries))
 
     def _device_fault(self, a: NotifyDeviceFault) -> None:
         """A device fault that needs its rank moved: tell the hooks, and the operators (log)."""
@@ -233,6 +244,8 @@ class Daemon:
                 continue
             self.events_handled += 1
             self._dispatch(actions)
+            if self.engine.new_events:
+                self._emit(self.engine.drain_events())
             if isinstance(ev, LinkChanged) and ev.facts.present and ev.facts.netdev not in self._tuned:
                 if any(r.netdev == ev.facts.netdev for r in self.cfg.rails):
                     self._tune_rails(ev.facts.netdev)

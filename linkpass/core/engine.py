@@ -81,6 +81,7 @@ class Engine:
         self.peer_generation: dict[str, int] = {}
         self.history: deque[HistoryEntry] = deque(maxlen=HISTORY_LEN)
         self.totals: Counter[str] = Counter()  # see _count
+        self.new_events: list[HistoryEntry] = []  # recorded since the last drain_events() (for MQTT, metrics)
         self.warnings: list[str] = []
         self.plan: Plan | None = None
         self.applied_generation = 0
@@ -429,8 +430,19 @@ class Engine:
         self._record("rail", now_ns, {"rail": t.rail, "old": t.old.value, "new": t.new.value, "reason": t.reason, "event_t_ns": event_ns if event_ns is not None else now_ns})
 
     def _record(self, kind: str, t_ns: int, data: dict) -> None:
-        self.history.append(HistoryEntry(kind, t_ns, data))
+        entry = HistoryEntry(kind, t_ns, data)
+        self.history.append(entry)
+        if len(self.new_events) < HISTORY_LEN * 4:  # bounded if nobody drains (tests driving the engine alone)
+            self.new_events.append(entry)
         self._count(kind, data)
+
+    def drain_events(self) -> list[HistoryEntry]:
+        """Every history entry recorded since the last call, oldest first (the same objects as in
+        ``history``, which is a ring and may have dropped them already).  The daemon passes them
+        to its event sinks (MQTT alerts, Prometheus metrics) after each ``handle()``.  At most
+        ``4 * HISTORY_LEN`` are kept between drains; older ones are dropped."""
+        out, self.new_events = self.new_events, []
+        return out
 
     def _count(self, kind: str, data: dict) -> None:
         """Running totals since start (``status()["totals"]``): what operators and benchmarks
