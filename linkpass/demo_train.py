@@ -72,6 +72,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gpu", type=int, help="local GPU index registered with the daemon (with --hook)")
     p.add_argument("--host", help="this host's daemon name (spare assignment prefers the faulty rank's host)")
     p.add_argument("--spare", action="store_true", help="be a hot spare: wait for a rank to take over (with --hook)")
+    p.add_argument("--rebuild-timeout-s", type=float, default=30.0,
+                   help="how long the guard waits for every rank in a rebuild or migration before exiting 76")
     p.add_argument("--spare-wait-s", type=float, default=300.0, help="how long a spare waits for an assignment")
     a = p.parse_args(argv)
     if a.iface:
@@ -117,7 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     if a.hook:
         guard = LinkPassGuard(store, a.rank, a.world_size, rails=ifaces, rail=a.rail, state=[model, opt], job="demo",
                               peers=[x for x in a.peers.split(",") if x], hooks_socket=a.hooks_socket,
-                              timeout=datetime.timedelta(seconds=a.timeout_s), gpu=a.gpu, host=a.host, join=join)
+                              timeout=datetime.timedelta(seconds=a.timeout_s), gpu=a.gpu, host=a.host, join=join,
+                              rebuild_timeout_s=a.rebuild_timeout_s)
 
     def train_step(step: int):
         g = torch.Generator().manual_seed(a.seed * 100_003 + step * 131 + a.rank)

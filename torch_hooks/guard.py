@@ -328,6 +328,9 @@ class LinkPassGuard:
         self.host = host or sp.host_name()
         self._sync: dict | None = None
         self._fault_lock = threading.Lock()
+        # set (client thread) before this rank hands itself to a spare: from then on the main
+        # thread must never write a proposal or build a group (see _fence_point)
+        self._fencing = threading.Event()
         self.client: DaemonClient | None = None
         if connect:
             self.client = DaemonClient(self._registration(), hooks_socket, on_notice=self._on_notice,
@@ -352,6 +355,7 @@ class LinkPassGuard:
         Raises:
             RuntimeError: torch could not build it within ``timeout`` (its message).
         """
+        self._fence_point("configure")
         if self.pg is not None:
             self.abort()
         store = dist.PrefixStore(f"linkpass/{self.job}/gen{epoch}", self.base_store)
@@ -450,6 +454,7 @@ class LinkPassGuard:
 
     def _check(self, store: bool) -> None:
         """Raise _Interrupted when a notice breaks our rail or another rank asked to rebuild."""
+        self._fence_point("check")
         c = self.client
         if c is not None and c.notices_seen != self._seen:
             self._seen = c.notices_seen
@@ -584,6 +589,7 @@ class LinkPassGuard:
 
     def _rebuild(self, it: _Interrupted, in_step: int) -> int:
         e = self.epoch + 1
+        self._fence_point("rebuild")
         log.warning("rank %d: %s; abandoning process group epoch %d (rail %d) in step %d", self.rank, it.reason,
                     self.epoch, self.rail, in_step)
         rail_from = self.rail
@@ -635,6 +641,7 @@ class LinkPassGuard:
         """Write this rank's proposal for epoch ``e``, read everyone's, build the group: returns
         ``(resume step, rail, agreed t_ns)``.  Raises RebuildFailed on a store or connect timeout."""
         rank = self.rank if rank is None else rank
+        self._fence_point("agree")
         self.kv.set(f"rebuild/{e}/rank/{rank}", json.dumps({"step": in_step, "usable": view, "rail": rail_from}))
         keys = [f"rebuild/{e}/rank/{r}" for r in range(self.world_size)]
         try:
@@ -684,6 +691,11 @@ class LinkPassGuard:
             return
         if not self._fault_lock.acquire(blocking=False):
             return  # already handing over
+        # before anything is in the store: the main thread may find our own migration request
+        # (it checks the store while it waits on a collective) and would then propose for the
+        # new epoch and build its group as rank r, racing the spare that takes r over (gloo
+        # then connects rank 0 to this dying process: "Connection closed", exit 76)
+        self._fencing.set()
         inc = msg.get("incident") or {}
         reason = f"{inc.get('code')} on {inc.get('device')} ({inc.get('domain')}, action {inc.get('action')}): {inc.get('summary') or ''}"
         try:
@@ -704,6 +716,19 @@ class LinkPassGuard:
         if self.client is not None:
             self.client.report("migrating", reason=reason[:500], spare=a.spare, epoch=a.epoch, exit_code=sp.EXIT_FENCED)
             time.sleep(0.02)
+        self._flush_logs()
+        os._exit(sp.EXIT_FENCED)
+
+    def _fence_point(self, where: str) -> None:
+        """Stop the main thread here for good once this rank is handing itself to a spare
+        (``_fencing``): the client thread exits the process within milliseconds.  If it has not
+        after 30 s, exit :data:`torch_hooks.spare.EXIT_FENCED` from here."""
+        if not self._fencing.is_set():
+            return
+        log.info("rank %d: fenced (device fault), main thread stops in %s", self.rank, where)
+        deadline = time.monotonic() + 30.0
+        while time.monotonic() < deadline:
+            time.sleep(0.05)
         self._flush_logs()
         os._exit(sp.EXIT_FENCED)
 

@@ -76,7 +76,8 @@ def _port() -> int:
     return p
 
 
-def _launch(tmp: Path, tag: str, port: int, steps: int, rank: int, sock: str | None, spare: bool = False, gpu: int = 0):
+def _launch(tmp: Path, tag: str, port: int, steps: int, rank: int, sock: str | None, spare: bool = False, gpu: int = 0,
+            extra: tuple[str, ...] = ()):
     out, prog = tmp / f"{tag}-{'spare' if spare else rank}.json", tmp / f"{tag}-{'spare' if spare else rank}.progress"
     cmd = [sys.executable, "-m", "linkpass.demo_train", "--rank", str(rank), "--world-size", "2", "--master-addr", "127.0.0.1",
            "--master-port", str(port), "--steps", str(steps), "--hook", "--rail-ifaces", "0=lo", "--rail", "0",
@@ -84,6 +85,7 @@ def _launch(tmp: Path, tag: str, port: int, steps: int, rank: int, sock: str | N
            "--host", "h1" if rank == 1 or spare else "h0", "--out", str(out), "--progress", str(prog), "--spare-wait-s", "60"]
     if spare:
         cmd.append("--spare")
+    cmd += extra
     log = open(tmp / f"{tag}-{'spare' if spare else rank}.log", "w")
     return subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT), out, prog
 
@@ -156,3 +158,43 @@ def test_no_spare_left_stops_every_rank_with_a_distinct_code(tmp_path):
     assert "NO SPARE LEFT" in (tmp_path / "nosp-1.log").read_text()
     assert "NO SPARE LEFT" in (tmp_path / "nosp-0.log").read_text()
     assert time.monotonic() - t0 < 60
+
+
+def test_a_spare_lost_after_its_assignment_stops_the_job_with_76_never_a_hang(tmp_path):
+    """A fault on the spare itself: the spare is assigned rank 1 but dies before it joins.  The
+    healthy rank waits rebuild_timeout_s (5 s here) for rank 1's proposal, then stops with
+    EXIT_REBUILD_FAILED (76), never hangs.  The spare is held with SIGSTOP while the faulty rank
+    claims it (the claim is an atomic add in the store, so it needs nothing from the spare) and
+    SIGKILLed once the faulty rank has exited."""
+    import signal
+
+    from torch_hooks.guard import EXIT_REBUILD_FAILED
+
+    tag, steps = "spdie", 5000  # never reached: rank 0 stops with 76
+    sock = str(tmp_path / f"{tag}.hooks.sock")
+    fd = FakeDaemon(sock)
+    port = _port()
+    extra = ("--rebuild-timeout-s", "5")
+    procs = [_launch(tmp_path, tag, port, steps, 0, None, extra=extra), _launch(tmp_path, tag, port, steps, 1, sock, extra=extra),
+             _launch(tmp_path, tag, port, steps, 1, None, spare=True, gpu=1, extra=extra)]
+    spare_log = tmp_path / f"{tag}-spare.log"
+    spare_announced = procs[2][2]  # the spare writes its progress file once it has announced itself
+    try:
+        deadline = time.monotonic() + 60
+        while _progress(procs[1][2]) < 20 or not spare_announced.exists():
+            assert time.monotonic() < deadline, "no progress"
+            assert all(p.poll() is None for p, _, _ in procs), spare_log.read_text()[-2000:]
+            time.sleep(0.01)
+        procs[2][0].send_signal(signal.SIGSTOP)
+        fd.fault(0)
+        assert procs[1][0].wait(30) == EXIT_FENCED  # handed rank 1 to the (stopped) spare and left
+        procs[2][0].kill()
+        code0 = procs[0][0].wait(60)  # rebuild_timeout_s is 5 s: a timeout here is a hang
+    finally:
+        for p, _, _ in procs:
+            if p.poll() is None:
+                p.kill()
+        fd.close()
+    log0 = (tmp_path / f"{tag}-0.log").read_text()
+    assert code0 == EXIT_REBUILD_FAILED, log0[-3000:]
+    assert "not every rank joined rebuild epoch 1" in log0, log0[-3000:]
