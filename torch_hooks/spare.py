@@ -18,7 +18,8 @@ Keys (under ``linkpass/<job>/`` in the job's store, the same ``PrefixStore`` the
 * ``spares/<id>/claimed``: a counter; whoever gets 1 from ``add(..., 1)`` owns the spare: the
   rank that assigns it, or the spare itself when it retires (timeout, shutdown).  One atomic
   add per spare, so a spare is never given twice and never given after it retired;
-* ``spares/<id>/assign``: the :class:`Assignment` (JSON), written after a successful claim;
+* ``spares/<id>/assign``: the :class:`Assignment` (JSON), written after a successful claim and
+  after the migration request (the spare fences the faulty process as soon as it reads it);
 * ``migrate/<epoch>/req``: the migration request the other ranks find in the store (the same
   way they find ``rebuild/<epoch>/req``): ``{"rank", "spare": id | null, "host", "pid",
   "start", "step", "rail", "reason"}``.  ``spare: null`` means no spare was left: every rank
@@ -147,15 +148,24 @@ def request_migration(kv: Any, *, epoch: int, rank: int, world_size: int, step: 
     if kv.check([req_key]):
         d = _get_json(kv, req_key) or {}
         sp = d.get("spare")
-        return None if sp is None else Assignment.from_json(kv.get(f"spares/{sp}/assign"))
+        if sp is None:
+            return None
+        deadline = time.monotonic() + 5.0  # the assignment follows its request (see below)
+        while not kv.check([f"spares/{sp}/assign"]) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return Assignment.from_json(kv.get(f"spares/{sp}/assign"))
     d = claim_spare(kv, host)
     a = None
     if d is not None:
         a = Assignment(epoch=epoch, rank=rank, world_size=world_size, step=step, rail=rail, host=host, pid=pid,
                        start=proc_start(pid), spare=d["id"], reason=reason[:300])
-        kv.set(f"spares/{d['id']}/assign", a.to_json())
+    # the request first, the assignment second: the spare SIGKILLs this process (fence) as soon
+    # as it reads its assignment, so anything written after the assignment may never be written
+    # (the other ranks would then never learn of the migration)
     kv.set(req_key, json.dumps({"rank": rank, "spare": None if a is None else a.spare, "host": host, "pid": pid,
                                 "start": proc_start(pid), "step": step, "rail": rail, "reason": reason[:300]}))
+    if a is not None:
+        kv.set(f"spares/{a.spare}/assign", a.to_json())
     return a
 
 

@@ -44,6 +44,29 @@ def test_same_host_spare_first_each_spare_once_then_none():
     assert sp.read_migration(kv, 5) is None
 
 
+def test_the_request_is_in_the_store_before_the_assignment_the_spare_fences_on():
+    """The spare SIGKILLs the faulty process as soon as it reads its assignment: the request the
+    other ranks need must already be written by then."""
+
+    class Recording:
+        def __init__(self, kv):
+            self.kv, self.sets = kv, []
+
+        def set(self, key, value):
+            self.sets.append(key)
+            return self.kv.set(key, value)
+
+        def __getattr__(self, name):
+            return getattr(self.kv, name)
+
+    store = dist.HashStore()
+    spare = sp.Spare(store, job="j", host="h1")
+    kv = Recording(_kv(store))
+    a = sp.request_migration(kv, epoch=1, rank=1, world_size=2, step=3, rail=0, reason="xid:79", host="h1", pid=1)
+    assert kv.sets == ["migrate/1/req", f"spares/{spare.id}/assign"]
+    assert spare.wait(1) == a
+
+
 def test_a_retired_spare_is_never_assigned_and_a_wait_times_out():
     store = dist.HashStore()
     s = sp.Spare(store, job="j", host="h0")
