@@ -3,11 +3,12 @@ SHELL := /bin/bash
 PY ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
-APT_PACKAGES := iproute2 nftables iputils-ping procps kmod
+APT_PACKAGES := iproute2 nftables iputils-ping procps kmod mosquitto mosquitto-clients openssl systemd
 STAMP_APT := $(VENV)/.apt-done
 STAMP_PY := $(VENV)/.py-done
+PROMTOOL := $(BIN)/promtool
 
-.PHONY: demo test install system-deps bench unit clean
+.PHONY: demo test install system-deps bench unit clean example-config
 
 install: $(STAMP_PY)
 
@@ -15,7 +16,7 @@ system-deps: $(STAMP_APT)
 
 $(STAMP_APT):
 	@if [ "$$(id -u)" != 0 ]; then echo "make: run as root (apt-get and network namespaces need it)"; exit 2; fi
-	@missing=""; for c in ip nft ping; do command -v $$c >/dev/null || missing=1; done; \
+	@missing=""; for c in ip nft ping mosquitto mosquitto_passwd mosquitto_sub openssl systemd-analyze; do command -v $$c >/dev/null || missing=1; done; \
 	if [ -n "$$missing" ]; then \
 	  export DEBIAN_FRONTEND=noninteractive; apt-get update -qq && apt-get install -y -qq $(APT_PACKAGES) >/dev/null; \
 	fi
@@ -29,19 +30,34 @@ $(STAMP_PY): $(STAMP_APT) pyproject.toml
 	$(BIN)/pip install -q -e '.[torch,test]'
 	@touch $@
 
+# promtool alone (tests check deploy/prometheus-rules.yml with it), taken out of Debian's prometheus
+# package: installing the package would also install and start a Prometheus server (init script)
+$(PROMTOOL): | $(STAMP_APT)
+	@set -e; d=$$(mktemp -d); trap 'rm -rf "$$d"' EXIT; cd "$$d"; \
+	  apt-get download -qq -o APT::Sandbox::User=root prometheus 2>/dev/null || \
+	    { apt-get update -qq && apt-get download -qq -o APT::Sandbox::User=root prometheus; }; \
+	  dpkg-deb --fsys-tarfile prometheus_*.deb | tar -x ./usr/bin/promtool; \
+	  cd - >/dev/null; install -D -m 755 "$$d/usr/bin/promtool" $@
+
 demo: install
 	$(BIN)/linkpass demo --hosts 2 --rails 2 --json demo-result.json
 
-test: install
+test: install $(PROMTOOL)
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests
 
-unit: install
+unit: install $(PROMTOOL)
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests/unit
 
 bench: install
 	$(BIN)/python bench/detect_reroute.py --cuts 50 --json bench/results/detect_reroute.json
 	$(BIN)/python bench/daemon_footprint.py --json bench/results/daemon_footprint.json
 	$(BIN)/python bench/topology_speed.py --runs 10 --json bench/results/topology_speed.json
+	$(BIN)/python bench/mqtt_outbox.py --events 10000 --runs 3 --json bench/results/mqtt_outbox.json
+
+# deploy/linkpass.toml.example is generated from the config schema (tests check it matches)
+example-config: install
+	$(BIN)/linkpass config show --defaults --example > deploy/linkpass.toml.example.tmp
+	mv deploy/linkpass.toml.example.tmp deploy/linkpass.toml.example
 
 clean:
 	rm -rf $(VENV) *.egg-info demo-result.json

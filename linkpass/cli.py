@@ -9,6 +9,9 @@
     linkpass nccl-env [--local-rank N | --gpu N] [--format shell|json|env-file]
     linkpass exec [--local-rank N] -- CMD ARGS...
     linkpass classify [FILE ...|-] [--json] [--topology FILE]
+    linkpass alerts tail [--config FILE] [--broker HOST:PORT] [--host H] [--json]
+    linkpass config check FILE             validate a config: OK, or one line per problem (exit 2)
+    linkpass config show FILE | --defaults [--example]
 
 Exit codes: 0 success, 1 runtime failure, 2 bad input (config, arguments), 3 daemon not reachable.
 """
@@ -105,6 +108,12 @@ def _status_lines(st: dict, max_clients: int = 8) -> list[str]:
         out.append(f"device incidents: {sum(counts.values())}"
                    + (f" ({', '.join(f'{d} {n}' for d, n in sorted(counts.items()))})" if counts else "")
                    + f"  sources: {srcs}")
+    mq = st.get("mqtt")
+    if mq:
+        ob = mq.get("outbox") or {}
+        out.append(f"mqtt: {'connected to' if mq.get('connected') else 'NOT connected to'} {mq.get('broker')} (MQTT {mq.get('protocol')})"
+                   f", outbox {ob.get('depth')} waiting, {ob.get('dropped_total')} dropped"
+                   + (f"; last error: {mq['last_error']}" if mq.get("last_error") else ""))
     return out
 
 
@@ -201,6 +210,14 @@ def build_parser() -> argparse.ArgumentParser:
     from linkpass.inject import register as register_inject
 
     register_inject(sub)
+
+    from linkpass.alerts_cli import register as register_alerts
+
+    register_alerts(sub)
+
+    from linkpass.config_cli import register as register_config
+
+    register_config(sub)
 
     d = sub.add_parser("demo", help="fabric + daemons + a gloo training job that keeps training through a rail cut")
     d.add_argument("--hosts", type=int, default=2)

@@ -1,7 +1,11 @@
 """Typed, validated daemon configuration (TOML).
 
 The file is read with :mod:`tomllib` and validated with pydantic.  Every option is
-documented on its field below and in ``deploy/linkpass.example.toml``.
+documented on its field below (``description=``; ``examples=`` gives the value the example
+file shows, commented out unless the option is required or marked
+``json_schema_extra=IN_EXAMPLE``); ``deploy/linkpass.toml.example`` is generated from this schema
+(:func:`linkpass.config_cli.render_example`, ``make example-config``).  Secrets are never
+options: an option ending in ``_file`` names a file (mode 0600) that holds the secret.
 
 Errors never surface as tracebacks: :func:`load_config` raises :class:`ConfigError`
 whose message is one line naming the file, the field and what is wrong, e.g.::
@@ -47,6 +51,9 @@ DEFAULT_ROUTE_PROTOCOL = 201
 DEFAULT_CONTROL_SOCKET = "/run/linkpass/linkpass.sock"
 DEFAULT_NOTICE_PORT = 7471
 DEFAULT_NCCL_ENV_FILE = "/run/linkpass/nccl.env"
+#: ``Field(..., examples=[v], json_schema_extra=IN_EXAMPLE)``: the generated example config sets this
+#: optional option to ``v`` (for options that are required in the default mode, or recommended).
+IN_EXAMPLE = {"in_example": True}
 
 
 def _ip_from_text(v: object) -> object:
@@ -62,8 +69,14 @@ IPv4 = Annotated[ipaddress.IPv4Address, BeforeValidator(_ip_from_text)]
 class ConfigError(Exception):
     """A configuration file is missing, unreadable or invalid.
 
-    ``str(err)`` is a single line: ``<file>: <field>: <what is wrong>``.
+    ``str(err)`` is a single line: ``<file>: <field>: <what is wrong>``.  ``err.problems``
+    lists every problem found, one such line each (``str(err)`` is the first, with a count of
+    the others); ``linkpass config check`` prints them all.
     """
+
+    def __init__(self, message: str, problems: list[str] | None = None) -> None:
+        super().__init__(message)
+        self.problems: list[str] = list(problems) if problems else [message]
 
 
 def _finite_number(v):
@@ -80,20 +93,29 @@ FiniteFloat = Annotated[float, BeforeValidator(_finite_number)]
 
 
 class _Strict(BaseModel):
+    """Base of every section: unknown keys are errors (``extra="forbid"``), values are frozen.
+
+    Secrets only from files: no option takes a secret inline.  A secret is named by an option
+    ending in ``_file`` (like ``notice_key_file``) and read from that file, which must be mode
+    0600; an unknown key that looks like a secret (``password = ...``) is refused with a message
+    saying so (:func:`_problem`), and tests/unit/test_config_cli.py checks the schema for it.
+    """
+
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class DaemonSection(_Strict):
     """The ``[daemon]`` table."""
 
-    host: str = Field(min_length=1, max_length=64, description="This host's name, as peers know it.")
+    host: str = Field(min_length=1, max_length=64, examples=["gpu-node-07"], description="This host's name, as peers know it.")
     mode: Literal["host-ip", "per-rail-ip"] = Field(
         "host-ip",
         description="host-ip: one host address, routes to peers' host IPs over all healthy rails. "
         "per-rail-ip: each rail has its own subnet; a failed rail's peer addresses are carried "
         "by /32 routes over a healthy rail.",
     )
-    host_ip: IPv4 | None = Field(None, description="Host IP (required in host-ip mode).")
+    host_ip: IPv4 | None = Field(None, examples=["198.19.0.7"], json_schema_extra=IN_EXAMPLE,
+                                 description="Host IP (required in host-ip mode).")
     reroute: Literal["kernel", "notify-only"] = Field(
         "kernel",
         description="kernel: install the planned routes. notify-only: the engine still plans and "
@@ -106,14 +128,16 @@ class DaemonSection(_Strict):
     route_metric: StrictInt = Field(0, ge=0, le=2**32 - 1, description="Metric (priority) of our routes.")
     hold_down_ms: StrictInt = Field(2000, ge=0, le=3_600_000, description="A rail that comes back is used again only after staying up this long.")
     notice_port: StrictInt = Field(DEFAULT_NOTICE_PORT, ge=1, le=65535, description="UDP port for peer notices.")
-    notice_key_file: str | None = Field(None, description="File (mode 0600) holding the shared HMAC key for peer notices.")
+    notice_key_file: str | None = Field(None, examples=["/etc/linkpass/notice.key"], json_schema_extra=IN_EXAMPLE,
+                                        description="File (mode 0600) holding "
+                                        "the shared HMAC key for peer notices and probes (unset: both are off).")
     notice_refresh_ms: StrictInt = Field(1000, ge=50, le=600_000, description="Period of the full-state notice sent to every peer.")
     netlink_rcvbuf_bytes: StrictInt = Field(4 * 1024 * 1024, ge=4096, le=1 << 30, description="SO_RCVBUF of the netlink event socket; "
                                       "an overflow (ENOBUFS) loses events and forces a resync from a dump.")
     ignore_routes_with_linkdown: StrictBool = Field(True, description="Set net.ipv4.conf.<rail>.ignore_routes_with_linkdown=1 "
                                               "on every rail netdev, so the kernel itself stops choosing a nexthop "
                                               "whose carrier is gone in the milliseconds before linkpass replaces the routes.")
-    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log level (`linkpass run --log-level` overrides it).")
 
     @model_validator(mode="after")
     def _host_ip_for_mode(self) -> "DaemonSection":
@@ -125,17 +149,18 @@ class DaemonSection(_Strict):
 class RailSection(_Strict):
     """One ``[[rails]]`` entry: a rail id and the netdev that serves it on this host."""
 
-    id: StrictInt = Field(ge=0, le=65535)
-    netdev: str = Field(min_length=1, max_length=15)
-    address: IPv4 | None = Field(None, description="This host's address on the rail (per-rail-ip mode).")
+    id: StrictInt = Field(ge=0, le=65535, examples=[0], description="Rail number, the same on every host of the job.")
+    netdev: str = Field(min_length=1, max_length=15, examples=["ens1f0np0"], description="Netdev that serves this rail on this host.")
+    address: IPv4 | None = Field(None, examples=["198.18.0.7"], description="This host's address on the rail (required in per-rail-ip mode).")
 
 
 class PeerSection(_Strict):
     """One ``[[peers]]`` entry: another host of the job and its addresses."""
 
-    name: str = Field(min_length=1, max_length=64)
-    host_ip: IPv4 | None = None
-    rail_ips: dict[int, IPv4] = Field(description="Rail id -> the peer's address on that rail.")
+    name: str = Field(min_length=1, max_length=64, examples=["gpu-node-08"], description="The peer's host name (its daemon.host).")
+    host_ip: IPv4 | None = Field(None, examples=["198.19.0.8"], json_schema_extra=IN_EXAMPLE,
+                                 description="The peer's host IP (required in host-ip mode).")
+    rail_ips: dict[int, IPv4] = Field(examples=[{0: "198.18.0.8"}], description="Rail id -> the peer's address on that rail.")
 
     @field_validator("rail_ips")
     @classmethod
@@ -249,18 +274,105 @@ class DeviceSection(_Strict):
     rdma: StrictBool = Field(True, description="Read RDMA async port events through pyverbs when it is installed.")
 
 
+DEFAULT_METRICS_PORT = 9472
+
+
+class MetricsSection(_Strict):
+    """The ``[metrics]`` table: the Prometheus endpoint (``GET /metrics``; linkpass.adapters.metrics)."""
+
+    enabled: StrictBool = Field(True, description="Serve Prometheus metrics over HTTP.")
+    address: str = Field("127.0.0.1", description="IP address to listen on (\"0.0.0.0\" or \"::\" for every interface).")
+    port: StrictInt = Field(DEFAULT_METRICS_PORT, ge=1, le=65535, description="TCP port of the metrics endpoint.")
+
+    @field_validator("address")
+    @classmethod
+    def _ip_literal(cls, v: str) -> str:
+        try:
+            ipaddress.ip_address(v)
+        except ValueError:
+            raise ValueError(f"must be an IPv4 or IPv6 address like \"127.0.0.1\", got {v!r}") from None
+        return v
+
+
+DEFAULT_MQTT_PREFIX = "linkpass/v1/{host}/"
+DEFAULT_OUTBOX_PATH = "/var/lib/linkpass/outbox.sqlite"
+
+
+class MqttSection(_Strict):
+    """The ``[mqtt]`` table: alerts to an MQTT broker (linkpass.adapters.mqtt; topics and payloads
+    in deploy/asyncapi.yaml).  Events go through a durable outbox first, so none is lost while
+    the broker is away or the daemon restarts.  MQTT trouble (broker down, wrong password, bad
+    TLS files) is logged once and never stops the daemon."""
+
+    enabled: StrictBool = Field(False, description="Publish alerts, state and topology to an MQTT broker.")
+    host: str = Field("127.0.0.1", min_length=1, max_length=253, examples=["mqtt.example.net"],
+                      description="Broker host name or IP address.")
+    port: StrictInt = Field(1883, ge=1, le=65535, description="Broker TCP port (8883 is the usual one for TLS).")
+    prefix: str = Field(DEFAULT_MQTT_PREFIX, min_length=1, max_length=200, description="Topic prefix; \"{host}\" is "
+                        "replaced by daemon.host; the topics are <prefix>status, state, topology and events.")
+    client_id: str = Field("", max_length=128, description="MQTT client id; \"\" = \"linkpass-<daemon.host>\".")
+    protocol: Literal["auto", "5", "3.1.1"] = Field("auto", description="MQTT version: auto = 5 (message expiry, user "
+                                                    "properties), falling back to 3.1.1 when the broker refuses 5.")
+    keepalive_s: StrictInt = Field(30, ge=5, le=65535, description="MQTT keepalive; a dead broker is noticed within 1.5 x this.")
+    qos: Literal[1, 2] = Field(1, description="QoS of events and retained messages (an event leaves the outbox only "
+                               "when the broker acknowledged it).")
+    message_expiry_s: StrictInt = Field(86400, ge=0, le=2**32 - 1, description="MQTT 5 message expiry of events at the "
+                                        "broker (0 = never expire); retained status, state and topology never expire.")
+    tls: StrictBool = Field(False, description="Connect with TLS (on automatically when ca_file or cert_file is set).")
+    ca_file: str | None = Field(None, examples=["/etc/linkpass/mqtt-ca.pem"], description="CA certificates (PEM) that "
+                                "sign the broker's certificate; unset with tls = true: the system's CAs.")
+    cert_file: str | None = Field(None, description="Client certificate (PEM) for TLS client authentication.")
+    key_file: str | None = Field(None, description="Private key (PEM) of cert_file; must not be readable by others.")
+    username: str | None = Field(None, max_length=256, description="Username for the broker (its password comes from password_file).")
+    password_file: str | None = Field(None, description="File holding the broker password (first line); must not be "
+                                      "readable by others.")
+    outbox_path: str = Field(DEFAULT_OUTBOX_PATH, min_length=1, description="sqlite file of the durable event outbox "
+                             "(WAL mode); events wait here until the broker acknowledged them.")
+    outbox_max_events: StrictInt = Field(100_000, ge=10, le=100_000_000, description="Most events kept in the outbox; "
+                                         "when full, the oldest non-critical event is dropped first (counted).")
+    outbox_sync: Literal["normal", "full"] = Field("normal", description="normal: a queued event survives a daemon "
+                                                   "crash; full: it also survives power loss (one disk flush per event).")
+    reconnect_min_s: FiniteFloat = Field(0.5, gt=0, le=3600, description="First delay before reconnecting to the broker.")
+    reconnect_max_s: FiniteFloat = Field(30.0, gt=0, le=3600, description="Longest delay between reconnects (capped "
+                                         "exponential backoff with full jitter).")
+
+    @field_validator("prefix")
+    @classmethod
+    def _topic_prefix(cls, v: str) -> str:
+        if any(c in v for c in "+#\0"):
+            raise ValueError(f"must not contain the MQTT wildcards + or # (or NUL), got {v!r}")
+        if v.startswith("$"):
+            raise ValueError(f"must not start with $ (reserved for broker topics), got {v!r}")
+        if v.count("{host}") > 1 or re.search(r"\{(?!host\})", v):
+            raise ValueError(f"the only placeholder allowed is one {{host}}, got {v!r}")
+        return v if v.endswith("/") else v + "/"
+
+    @model_validator(mode="after")
+    def _backoff(self) -> "MqttSection":
+        if self.reconnect_max_s < self.reconnect_min_s:
+            raise ValueError(f"reconnect_max_s: must be at least reconnect_min_s ({self.reconnect_max_s} < {self.reconnect_min_s})")
+        if self.key_file and not self.cert_file:
+            raise ValueError("cert_file: required when key_file is set")
+        return self
+
+
 class Config(_Strict):
     """The whole validated configuration."""
 
-    daemon: DaemonSection
-    rails: list[RailSection] = Field(default_factory=list)
-    peers: list[PeerSection] = Field(default_factory=list)
-    topology: TopologySection = Field(default_factory=TopologySection)
-    probe: ProbeSection = Field(default_factory=ProbeSection)
-    damping: DampingSection = Field(default_factory=DampingSection)
-    hooks: HooksSection = Field(default_factory=HooksSection)
-    nccl: NcclSection = Field(default_factory=NcclSection)
-    device: DeviceSection = Field(default_factory=DeviceSection)
+    daemon: DaemonSection = Field(description="This host, its addressing and the routes linkpass owns (required).")
+    rails: list[RailSection] = Field(default_factory=list, description="One entry per compute rail (required unless "
+                                     "[topology] rails = \"auto\").")
+    peers: list[PeerSection] = Field(default_factory=list, description="One entry per peer host of the job (or "
+                                     "[topology] peers_file).")
+    topology: TopologySection = Field(default_factory=TopologySection, description="Rails and peers from topology discovery.")
+    probe: ProbeSection = Field(default_factory=ProbeSection, description="Active per-rail probing for gray failures.")
+    damping: DampingSection = Field(default_factory=DampingSection, description="Flap damping per rail.")
+    hooks: HooksSection = Field(default_factory=HooksSection, description="The unix socket torch hooks connect to.")
+    nccl: NcclSection = Field(default_factory=NcclSection, description="The NCCL environment file for training processes.")
+    device: DeviceSection = Field(default_factory=DeviceSection, description="Live device evidence: kernel log, NVML Xid "
+                                  "events, RDMA port events.")
+    metrics: MetricsSection = Field(default_factory=MetricsSection, description="The Prometheus metrics endpoint.")
+    mqtt: MqttSection = Field(default_factory=MqttSection, description="MQTT alerts with a durable outbox.")
 
     @property
     def auto(self) -> bool:
@@ -313,6 +425,89 @@ def _loc(loc: tuple) -> str:
     return out
 
 
+#: An unknown key with this name is taken for an inline secret (``password``, ``mqtt_token``, ``key``...).
+_SECRET_NAME = re.compile(r"(?i)(^|_)(pass(word|wd|phrase)?|secret|token|credentials?|key|psk)$")
+
+
+def _options_at(loc: tuple) -> list[str]:
+    """The option names of the table at ``loc`` (a pydantic error location), [] if unknown."""
+    import typing
+
+    model: object = Config
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        fields = getattr(model, "model_fields", None)
+        if not fields or part not in fields:
+            return []
+        todo, model = [fields[part].annotation], None
+        while todo:  # unwrap list[X], X | None, ... down to a section model
+            t = todo.pop(0)
+            if isinstance(t, type) and issubclass(t, BaseModel):
+                model = t
+                break
+            todo.extend(typing.get_args(t))
+        if model is None:
+            return []
+    return list(getattr(model, "model_fields", {}))
+
+
+def _shown(v: object) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    text = f'"{v}"' if isinstance(v, str) else repr(v)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _problem(err: dict) -> str:
+    """One ``<field>: <what is wrong>`` line for one pydantic error (no file name, no newline).
+
+    Field validators' "Value error, " prefix is dropped; a cross-field check that names its field
+    first (``"rails[1].address: ..."``) moves that name into the field; an unknown key gets a
+    did-you-mean hint, or, when it looks like a secret, the rule that secrets come only from
+    files; a wrong scalar value is quoted as ``(got ...)``.
+    """
+    import difflib
+
+    loc = tuple(err.get("loc", ()))
+    field = _loc(loc)
+    msg = str(err.get("msg", "invalid")).replace("\n", " ")
+    kind = err.get("type")
+    if msg.startswith("Value error, "):
+        msg = msg[len("Value error, "):]
+        # cross-field checks name their field at the start of the message: "rails[1].address: ..."
+        m = re.match(r"^([A-Za-z_][\w.\[\]]*): (.*)$", msg)
+        if m:
+            field = f"{field}.{m.group(1)}" if field else m.group(1)
+            msg = m.group(2)
+    elif kind == "extra_forbidden":
+        name = str(loc[-1]) if loc else ""
+        if _SECRET_NAME.search(name):
+            use = f"{name}_file" if f"{name}_file" in _options_at(loc[:-1]) else "a *_file option"
+            msg = ("secrets are never taken inline: put the secret in a file that only root can read "
+                   f"(mode 0600) and name that file with {use}")
+        else:
+            near = difflib.get_close_matches(name, _options_at(loc[:-1]), n=1, cutoff=0.6)
+            msg += f" (unknown option; did you mean {near[0]!r}?)" if near else " (unknown option)"
+    elif kind != "missing" and isinstance(err.get("input"), (str, int, float, bool)):
+        msg += f" (got {_shown(err['input'])})"
+    return f"{field or '(top level)'}: {msg}"
+
+
+def validation_problems(e: ValidationError, source: str) -> list[str]:
+    """Every problem of a failed validation, one ``<source>: <field>: <what is wrong>`` line each.
+
+    Cross-field checks (model validators) run only once every field is valid, so they show up
+    after the field errors are fixed.  Duplicate lines are dropped; the order is pydantic's.
+    """
+    out: list[str] = []
+    for err in e.errors():
+        line = f"{source}: {_problem(err)}"
+        if line not in out:
+            out.append(line)
+    return out
+
+
 def parse_config(text: str, source: str = "<config>") -> Config:
     """Parse and validate TOML text.
 
@@ -329,23 +524,17 @@ def parse_config(text: str, source: str = "<config>") -> Config:
     try:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"{source}: not valid TOML: {e}") from None
+        why = str(e)
+        if why.endswith("(at end of document)"):  # name the place: the last line, after its last character
+            last = text.split("\n")
+            why = why[: -len(")")] + f", line {len(last)}, column {len(last[-1]) + 1})"
+        raise ConfigError(f"{source}: not valid TOML: {why}") from None
     try:
         return Config.model_validate(raw)
     except ValidationError as e:
-        first = e.errors()[0]
-        field = _loc(tuple(first.get("loc", ())))
-        msg = first.get("msg", "invalid")
-        if msg.startswith("Value error, "):
-            msg = msg[len("Value error, "):]
-            # cross-field checks name their field at the start of the message: "rails[1].address: ..."
-            m = re.match(r"^([A-Za-z_][\w.\[\]]*): (.*)$", msg)
-            if m:
-                field = f"{field}.{m.group(1)}" if field else m.group(1)
-                msg = m.group(2)
-        field = field or "(top level)"
-        more = f" (and {e.error_count() - 1} more problem(s))" if e.error_count() > 1 else ""
-        raise ConfigError(f"{source}: {field}: {msg}{more}") from None
+        problems = validation_problems(e, source)
+        more = f" (and {len(problems) - 1} more problem(s))" if len(problems) > 1 else ""
+        raise ConfigError(f"{problems[0]}{more}", problems) from None
 
 
 def load_config(path: str | Path) -> Config:

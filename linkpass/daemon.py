@@ -25,14 +25,17 @@ import socket
 import time
 from pathlib import Path
 
+from linkpass import __version__
 from linkpass.adapters.hook_server import HookServer, PlanState, default_socket_path
 from linkpass.adapters.kmsg import KmsgFollower
+from linkpass.adapters.metrics import DaemonMetrics, MetricsError
 from linkpass.adapters.nccl_file import NcclEnvFile
 from linkpass.adapters.netlink import NetlinkMonitor
 from linkpass.adapters.notices import NoticeService
 from linkpass.adapters.probe_filter import ProbeFilter
 from linkpass.adapters.prober import Prober
 from linkpass.adapters.routes import RouteActuator
+from linkpass.adapters.sdnotify import SdNotifier, ServiceNotifier
 from linkpass.config import Config, ConfigError, load_config, read_key_file
 from linkpass.core.engine import Engine
 from linkpass.core.model import ApplyRoutes, LinkChanged, NotifyDeviceFault, RefreshNeighbors, RoutesApplied, SendNotice, SetTimer, Tick
@@ -88,6 +91,17 @@ class Daemon:
         self.device_sources: dict = {}  # name -> running live device source (kmsg, nvml, rdma)
         # callables taking a list of new engine HistoryEntry items after each engine step (see _emit)
         self.event_sinks: list = []
+        # MQTT alerts (linkpass.adapters.mqtt): events through a durable outbox, retained state/topology/status
+        self.mqtt = self._make_mqtt(cfg) if cfg.mqtt.enabled else None
+        if self.mqtt:
+            self.event_sinks.append(self.mqtt.on_entries)
+        # set once the first link dump and route reconciliation are done (systemd READY=1)
+        self.ready = asyncio.Event()
+        self.sd = ServiceNotifier(SdNotifier.from_env(), self)  # no-op when not started by systemd
+        self.event_sinks.append(self.sd.on_events)
+        self.metrics = DaemonMetrics(self, __version__) if cfg.metrics.enabled else None
+        if self.metrics:
+            self.event_sinks.append(self.metrics.on_events)
         self.routes_skipped = 0
         self._timer: asyncio.TimerHandle | None = None
         self._stop = asyncio.Event()
@@ -129,6 +143,22 @@ class Daemon:
             log.warning("topology: %s", w)
         return res.config
 
+    def _make_mqtt(self, cfg: Config):
+        """The MQTT publisher (not connected yet; :meth:`run` starts it).  Problems with the
+        broker or its files are the publisher's to log; they never stop the daemon."""
+        from linkpass.adapters.mqtt import MqttPublisher, ReportTap, compact_state, topology_of
+
+        try:
+            pub = MqttPublisher(cfg.mqtt, cfg.daemon.host, {r.id: r.netdev for r in cfg.rails},
+                                state_fn=lambda: compact_state(self.engine.status(time.monotonic_ns())),
+                                topology_fn=lambda: topology_of(self.cfg))
+        except Exception:  # a bug: the network job goes on without alerts
+            log.exception("mqtt: cannot set up the publisher; running without MQTT alerts")
+            return None
+        if self.hooks:  # rebuild / migration reports of the torch hooks become events too
+            self.hooks.reports = ReportTap(self.hooks.reports, pub.on_hook_report)
+        return pub
+
     def _route_filter(self, dst: str, proto: int) -> bool:
         return proto == self.cfg.daemon.route_protocol or dst in self.engine.destinations
 
@@ -167,6 +197,12 @@ class Daemon:
                 sink(entries)
             except Exception:
                 log.exception("event sink %r failed; %d event(s) not passed to it", sink, len(entries))
+
+    def _on_ready(self) -> None:
+        """The first link dump and route reconciliation are done: tell systemd (READY=1)."""
+        self.ready.set()
+        self.sd.ready()
+        log.info("ready: first link dump and route reconciliation done (plan generation %d)", self.engine.applied_generation)
 
     def _device_fault(self, a: NotifyDeviceFault) -> None:
         """A device fault that needs its rank moved: tell the hooks, and the operators (log)."""
@@ -246,6 +282,8 @@ class Daemon:
             self._dispatch(actions)
             if self.engine.new_events:
                 self._emit(self.engine.drain_events())
+            if not self.ready.is_set() and self.engine.applied_generation >= 1:
+                self._on_ready()
             if isinstance(ev, LinkChanged) and ev.facts.present and ev.facts.netdev not in self._tuned:
                 if any(r.netdev == ev.facts.netdev for r in self.cfg.rails):
                     self._tune_rails(ev.facts.netdev)
@@ -262,8 +300,15 @@ class Daemon:
             st["topology"] = {"rails": "auto", "sysfs_root": self.source_cfg.topology.sysfs_root, "notes": self.autoconf_notes}
             st["warnings"] = st["warnings"] + self.autoconf_warnings
         st["reroute"] = self.cfg.daemon.reroute
+        if self.mqtt:
+            st["mqtt"] = self.mqtt.status()
         if self.hooks:
             st["hooks"] = self.hooks.status()
+        if self.metrics:
+            addr = self.metrics.address
+            st["metrics"] = {"listening": None if addr is None else f"{addr[0]}:{addr[1]}"}
+        st["systemd"] = {"notify": self.sd.notifier.enabled, "ready": self.ready.is_set(),
+                         "watchdog_interval_s": self.sd.notifier.watchdog_interval_s, "watchdogs_sent": self.sd.watchdogs_sent}
         st["counters"] = {
             "events_handled": self.events_handled,
             "routes_skipped_notify_only": self.routes_skipped,
@@ -292,10 +337,17 @@ class Daemon:
                 resp = self.status()
             elif cmd == "history":
                 resp = {"schema": "linkpass.history/v1", "history": [h.to_json() for h in self.engine.history]}
+            elif cmd == "debug-block-loop" and os.environ.get("LINKPASS_DEBUG") == "1":
+                resp = _debug_block_request(req)
             else:
                 resp = {"error": "unknown request; send {\"cmd\": \"status\"} or {\"cmd\": \"history\"}"}
             writer.write(json.dumps(resp).encode() + b"\n")
             await writer.drain()
+            if resp.get("blocking_s"):
+                # test aid (LINKPASS_DEBUG=1 only): hold the event loop like a hung daemon would,
+                # so tests see the systemd watchdog pings stop
+                log.warning("debug-block-loop: blocking the event loop for %.1f s", resp["blocking_s"])
+                time.sleep(resp["blocking_s"])
         except (asyncio.TimeoutError, ConnectionError):
             pass
         finally:
@@ -350,6 +402,14 @@ class Daemon:
 
     # ------------------------------------------------------------------ signals
 
+    def _on_sighup(self) -> None:
+        """SIGHUP: reload, bracketed by RELOADING=1 and READY=1 for systemd (ExecReload)."""
+        self.sd.reloading()
+        try:
+            self._reload()
+        finally:
+            self.sd.reloaded()
+
     def _reload(self) -> None:
         try:
             cfg = load_config(self.config_path)
@@ -366,6 +426,13 @@ class Daemon:
             log.warning("host renamed %s -> %s: peers know this host by name, update their configs too", self.cfg.daemon.host, cfg.daemon.host)
         if cfg.daemon.control_socket != self.cfg.daemon.control_socket or cfg.daemon.notice_port != self.cfg.daemon.notice_port:
             log.warning("control_socket and notice_port changes take effect only after a restart")
+        if cfg.metrics != self.cfg.metrics:
+            log.warning("[metrics] changes take effect only after a restart")
+        if cfg.mqtt != self.cfg.mqtt:
+            log.warning("[mqtt] changes take effect only after a restart")
+        if self.mqtt:
+            self.mqtt.mapper.reconfigure({r.id: r.netdev for r in cfg.rails})
+            self.mqtt.topology_changed()
         new_hooks = (cfg.hooks.socket or default_socket_path(cfg.daemon.control_socket)) if cfg.hooks.enabled else None
         old_hooks = self.hooks.path if self.hooks else None
         if new_hooks != old_hooks:
@@ -405,7 +472,7 @@ class Daemon:
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGTERM, self._stop.set)
         loop.add_signal_handler(signal.SIGINT, self._stop.set)
-        loop.add_signal_handler(signal.SIGHUP, self._reload)
+        loop.add_signal_handler(signal.SIGHUP, self._on_sighup)
         path = self._check_control_path()
         if self.notices:
             try:
@@ -425,6 +492,15 @@ class Daemon:
                 await self.hooks.start()
             except OSError as e:
                 raise StartError(f"hooks socket {self.hooks.path}: cannot listen: {e.strerror or e}") from None
+        if self.metrics:
+            m = self.cfg.metrics
+            try:
+                self.metrics.start(m.address, m.port, loop)
+            except MetricsError as e:  # the network job matters more: run on without metrics
+                log.error("%s; running without metrics", e)
+        self.sd.starting()
+        if self.sd.notifier.watchdog_interval_s:
+            self._supervise("systemd-watchdog", self.sd.watchdog_loop())
         self._tune_rails()
         if self.notices:
             self._supervise("notice-refresh", self.notices.refresh_loop())
@@ -434,6 +510,8 @@ class Daemon:
         self._supervise("routes", self.routes.run())
         self._supervise("netlink", self.monitor.run())
         self._start_device_sources()
+        if self.mqtt:  # never raises and never ends on its own: MQTT trouble must not stop the daemon
+            self.tasks["mqtt"] = self.mqtt.start()
         # Everything built so far lives as long as the daemon: move it out of the collector's
         # reach, so full collections stay short (they caused 20-35 ms pauses before; bench/).
         gc.collect()
@@ -441,7 +519,10 @@ class Daemon:
         log.info("linkpass daemon for host %s started (pid %d, %d rails, %d peers, control socket %s)",
                  self.cfg.daemon.host, os.getpid(), len(self.cfg.rails), len(self.cfg.peers), self.cfg.daemon.control_socket)
         await self._stop.wait()
+        self.sd.stopping()
         log.info("stopping; routes are left in place")
+        if self.mqtt:  # "offline" (retained) and a clean disconnect while the loop still runs; bounded
+            await self.mqtt.close()
         for t in self.tasks.values():
             t.cancel()
         await asyncio.gather(*self.tasks.values(), return_exceptions=True)
@@ -453,11 +534,21 @@ class Daemon:
             self._server.close()
         if self.hooks:
             await self.hooks.close()
+        if self.metrics:
+            self.metrics.stop()
         try:
             Path(self.cfg.daemon.control_socket).unlink()
         except OSError:
             pass
         return 0
+
+
+def _debug_block_request(req: dict) -> dict:
+    """``{"cmd": "debug-block-loop", "seconds": S}`` (only with LINKPASS_DEBUG=1): S in (0, 600]."""
+    s = req.get("seconds", 1)
+    if isinstance(s, bool) or not isinstance(s, (int, float)) or not 0 < s <= 600:
+        return {"error": f"debug-block-loop: seconds must be a number in (0, 600], got {s!r}"}
+    return {"blocking_s": float(s)}
 
 
 def setup_logging(level: str) -> None:

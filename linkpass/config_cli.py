@@ -1,0 +1,333 @@
+"""`linkpass config check|show`: validate a config file, print effective or default settings.
+
+    linkpass config check FILE
+    linkpass config show FILE
+    linkpass config show --defaults [--example]
+
+``check`` validates FILE exactly as the daemon does (:func:`linkpass.config.load_config`) and
+prints ``FILE: OK (...)`` on stdout, exit 0; or one line per problem on stderr,
+``FILE: <key path>: <what is wrong>``, exit 2 (missing, unreadable, directory, non-UTF-8 file,
+TOML syntax errors with line and column, unknown keys, inline secrets, bad values).
+
+``show FILE`` prints the validated config as TOML with every default filled in (options that are
+unset are left out).  ``show --defaults`` prints the default of every option, each under its
+description as a comment; options without a default are marked "Required" and shown commented
+out with an example value.  ``--example`` makes it the example config: required options, and
+those that carry ``examples=`` in the schema, are set to their example value, and the arrays of
+tables (``[[rails]]``, ``[[peers]]``) get one example entry.  That output is
+``deploy/linkpass.toml.example`` (``make example-config`` regenerates it).
+
+The renderer walks the pydantic schema of :class:`linkpass.config.Config`; a section added
+there appears here without any change.
+
+Exit codes: 0 ok; 2 bad input (an invalid config, bad arguments), one line per problem.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import textwrap
+import types
+import typing
+from pathlib import Path
+
+import tomli_w
+from pydantic import BaseModel
+from pydantic.fields import FieldInfo
+from pydantic_core import PydanticUndefined, to_jsonable_python
+
+from linkpass.config import Config, ConfigError, load_config
+
+PROG = "linkpass config"
+#: comment lines are wrapped to this many columns
+WIDTH = 100
+EXAMPLE_PATH = "deploy/linkpass.toml.example"
+
+_BARE_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*$")
+
+_HEAD_EXAMPLE = """\
+# linkpass configuration example: every option, under its description, with its default.
+#
+# Generated from the schema in linkpass/config.py by
+#     linkpass config show --defaults --example > deploy/linkpass.toml.example
+# (`make example-config`); a test checks that this file matches the schema. Do not edit it by
+# hand: change the schema's descriptions, defaults and examples instead.
+#
+# Options marked "Required" have no default; the values given for them, and for a few
+# recommended options, are examples to replace. An option shown as "# name: not set" has no
+# value by default. Secrets are never written in this file: an option ending in _file names a
+# file (mode 0600, readable by root only) that holds the secret.
+#
+# `linkpass config check FILE` validates a file (one line per problem, exit 2);
+# `linkpass config show FILE` prints its effective settings, defaults filled in.
+"""
+
+_HEAD_DEFAULTS = """\
+# linkpass configuration: the default of every option, under its description.
+#
+# Options marked "Required" have no default and are shown commented out with an example
+# value; an option shown as "# name: not set" has no value by default. Secrets are never
+# options: an option ending in _file names a file (mode 0600) that holds the secret.
+# `linkpass config show --defaults --example` prints a complete example instead.
+"""
+
+
+# ----------------------------------------------------------------------------- the schema walk
+
+
+def _shape(annotation: object) -> tuple[str, type[BaseModel] | None, bool]:
+    """How a field is written: ``("table", Model, optional)``, ``("tables", Model, False)`` for an
+    array of tables, or ``("value", None, False)``."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return "table", annotation, False
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin in (typing.Union, types.UnionType):
+        models = [a for a in args if isinstance(a, type) and issubclass(a, BaseModel)]
+        if len(models) == 1 and type(None) in args and len(args) == 2:
+            return "table", models[0], True
+    if origin is list and len(args) == 1 and isinstance(args[0], type) and issubclass(args[0], BaseModel):
+        return "tables", args[0], False
+    return "value", None, False
+
+
+def _describe(f: FieldInfo, model: type[BaseModel] | None = None) -> str:
+    """The field's description, else the first sentence of its model's docstring (for tables)."""
+    if f.description:
+        return " ".join(f.description.split())
+    doc = (model.__doc__ or "") if model is not None else ""
+    first = " ".join(doc.strip().split("\n\n")[0].split()).replace("``", "")
+    first = re.sub(r"^(The|One) \[+[\w.]+\]+ (table|entry)(: | \()?", "", first)
+    first = first[:1].upper() + first[1:]
+    return first.split(". ")[0].rstrip(".") + "." if first else ""
+
+
+def _key(name: object) -> str:
+    s = str(name)
+    if _BARE_KEY.match(s):
+        return s
+    return tomli_w.dumps({"k": s})[4:-1]  # a basic string, escaped by tomli_w
+
+
+def _value(v: object) -> str:
+    """One TOML value on one line: scalars through tomli_w, arrays and inline tables by hand."""
+    if isinstance(v, dict):
+        return "{ " + ", ".join(f"{_key(k)} = {_value(x)}" for k, x in v.items()) + " }" if v else "{}"
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_value(x) for x in v) + "]"
+    return tomli_w.dumps({"v": v})[4:-1]
+
+
+def _comment(text: str, out: list[str]) -> None:
+    for line in textwrap.wrap(text, WIDTH - 2, break_on_hyphens=False, break_long_words=False):
+        out.append(f"# {line}")
+
+
+class _Renderer:
+    """Writes one TOML document from the schema; see :func:`render_defaults`."""
+
+    def __init__(self, *, example: bool, comments: bool) -> None:
+        self.example = example
+        self.comments = comments
+        self.out: list[str] = []
+
+    # a header or key line, commented out when its block is
+    def _line(self, text: str, commented: bool) -> None:
+        self.out.append(f"# {text}" if commented else text)
+
+    def _blank(self) -> None:
+        if self.out and self.out[-1] != "":
+            self.out.append("")
+
+    def table(self, model: type[BaseModel], values: dict | None, path: list[str], commented: bool) -> None:
+        """Options of ``model`` (scalars first, as TOML requires), then its sub-tables."""
+        later = []
+        for name, f in model.model_fields.items():
+            kind, sub, optional = _shape(f.annotation)
+            if kind == "value":
+                self.option(name, f, values, path, commented)
+            else:
+                later.append((name, f, kind, sub, optional))
+        for name, f, kind, sub, optional in later:
+            where = ".".join(path + [name])
+            if values is not None:
+                v = values.get(name)
+                if v is None:
+                    continue
+                for entry in (v if kind == "tables" else [v]):
+                    self._header(where, f, sub, kind, False)
+                    self.table(sub, entry, path + [name], False)
+                continue
+            if kind == "tables":
+                # defaults: none; --defaults shows an example entry commented out, --example sets it
+                self._header(where, f, sub, kind, commented or not self.example)
+                self.table(sub, None, path + [name], commented or not self.example)
+            else:
+                off = commented or (optional and f.default is None)
+                self._header(where, f, sub, kind, off)
+                self.table(sub, None, path + [name], off)
+
+    def _header(self, where: str, f: FieldInfo, sub: type[BaseModel], kind: str, commented: bool) -> None:
+        head = f"[{where}]" if kind == "table" else f"[[{where}]]"
+        self._blank()
+        if self.comments:
+            text = _describe(f, sub)
+            _comment(f"{head} {text}" if text else head, self.out)
+        self._line(head, commented)
+
+    def option(self, name: str, f: FieldInfo, values: dict | None, path: list[str], commented: bool) -> None:
+        """One ``key = value`` line, under its description when comments are on."""
+        where = ".".join(path + [name])
+        if values is not None:  # show FILE: the validated value, unset ones left out
+            if values.get(name) is not None:
+                if self.comments:
+                    self._blank()
+                    _comment(_describe(f), self.out)
+                self.out.append(f"{_key(name)} = {_value(values[name])}")
+            return
+        examples = list(f.examples or [])
+        required = f.is_required()
+        default = None if required else f.get_default(call_default_factory=True)
+        if required and not examples:
+            raise ValueError(f"{where}: has no default and no examples=[...] in linkpass/config.py, "
+                             "so the example config cannot show it")
+        if self.comments:
+            self._blank()
+            _comment(_describe(f) + (" Required." if required else ""), self.out)
+        if required or (default is None and examples):
+            marked = isinstance(f.json_schema_extra, dict) and bool(f.json_schema_extra.get("in_example"))
+            on = self.example and not commented and (required or marked)
+            self._line(f"{_key(name)} = {_value(to_jsonable_python(examples[0]))}", not on)
+        elif default is None or default is PydanticUndefined:
+            self.out.append(f"# {_key(name)}: not set")
+        else:
+            self._line(f"{_key(name)} = {_value(to_jsonable_python(default))}", commented)
+
+    def text(self, head: str) -> str:
+        lines = [ln.rstrip() for ln in self.out]
+        while lines and lines[0] == "":
+            lines.pop(0)
+        body = "\n".join(lines).rstrip("\n")
+        body = re.sub(r"\n{3,}", "\n\n", body)
+        return (head + "\n" if head else "") + body + "\n"
+
+
+def render_defaults(*, example: bool = False, model: type[BaseModel] = Config) -> str:
+    """The whole schema as a commented TOML document.
+
+    Args:
+        example: False: every default, required options commented out with an example value
+            (``linkpass config show --defaults``).  True: the example config, which passes
+            ``linkpass config check``: required options and options with ``examples=`` set to
+            their first example, one example entry in each array of tables.
+        model: the schema (tests pass a small model).
+
+    Returns:
+        TOML text ending in one newline; every option sits under its ``description`` as a
+        ``#`` comment wrapped to :data:`WIDTH` columns.
+
+    Raises:
+        ValueError: a required option has no ``examples=`` (the example could not be valid).
+    """
+    r = _Renderer(example=example, comments=True)
+    r.table(model, None, [], False)
+    return r.text(_HEAD_EXAMPLE if example else _HEAD_DEFAULTS)
+
+
+def render_example() -> str:
+    """The text of ``deploy/linkpass.toml.example`` (``render_defaults(example=True)``)."""
+    return render_defaults(example=True)
+
+
+def render_config(cfg: BaseModel, *, comments: bool = False, source: str | None = None) -> str:
+    """A validated config as TOML, every default filled in and unset (None) options left out.
+
+    Parsing the text again gives an equal config.  ``comments`` puts each option's description
+    above it; ``source`` names the file in a first comment line.
+    """
+    r = _Renderer(example=False, comments=comments)
+    r.table(type(cfg), cfg.model_dump(mode="json"), [], False)
+    head = f"# effective configuration of {source} (defaults filled in)" if source else ""
+    return r.text(head)
+
+
+# ----------------------------------------------------------------------------- commands
+
+
+def _summary(cfg: Config) -> str:
+    rails = "rails from discovery" if cfg.auto else f"{len(cfg.rails)} rail{'s' if len(cfg.rails) != 1 else ''}"
+    peers = f"{len(cfg.peers)} peer{'s' if len(cfg.peers) != 1 else ''}"
+    if cfg.topology.peers_file:
+        peers += f" + {cfg.topology.peers_file}"
+    return f"host {cfg.daemon.host}, mode {cfg.daemon.mode}, {rails}, {peers}"
+
+
+def cmd_check(args) -> int:
+    """``linkpass config check FILE``: exit 0 and ``FILE: OK (...)``, or one line per problem and exit 2."""
+    try:
+        cfg = load_config(args.file)
+    except ConfigError as e:
+        for line in e.problems:
+            print(line, file=sys.stderr)
+        return 2
+    print(f"{args.file}: OK ({_summary(cfg)})")
+    return 0
+
+
+def cmd_show(args) -> int:
+    """``linkpass config show FILE | --defaults [--example]``: TOML on stdout."""
+    if args.file and (args.defaults or args.example):
+        print(f"{PROG} show: give FILE or --defaults/--example, not both", file=sys.stderr)
+        return 2
+    if not args.file and not (args.defaults or args.example):
+        print(f"{PROG} show: give a config FILE, or --defaults (with --example: the example config)", file=sys.stderr)
+        return 2
+    if args.file:
+        try:
+            cfg = load_config(args.file)
+        except ConfigError as e:
+            for line in e.problems:
+                print(line, file=sys.stderr)
+            return 2
+        sys.stdout.write(render_config(cfg, source=args.file))
+        return 0
+    sys.stdout.write(render_defaults(example=args.example))
+    return 0
+
+
+def _one_line_errors(p: argparse.ArgumentParser, prog: str) -> None:
+    def error(message: str):
+        print(f"{prog}: {message} (see `{prog} --help`)", file=sys.stderr)
+        sys.exit(2)
+
+    p.error = error  # type: ignore[method-assign]
+
+
+def register(subparsers) -> None:
+    """Add ``config check`` and ``config show`` to the ``linkpass`` parser."""
+    c = subparsers.add_parser("config", help="check a config file, show effective or default settings",
+                              description="Validate a linkpass TOML config, or print it with defaults filled in.")
+    sub = c.add_subparsers(dest="config_command", required=True, metavar="check|show")
+    k = sub.add_parser("check", help="validate FILE: exit 0, or one line per problem and exit 2")
+    k.add_argument("file", metavar="FILE", help="TOML config file")
+    k.set_defaults(func=cmd_check)
+    s = sub.add_parser("show", help="print FILE's effective config, or the defaults of every option")
+    s.add_argument("file", nargs="?", metavar="FILE", help="TOML config file (print it validated, defaults filled in)")
+    s.add_argument("--defaults", action="store_true", help="print every option's default under its description")
+    s.add_argument("--example", action="store_true", help="print the example config (deploy/linkpass.toml.example)")
+    s.set_defaults(func=cmd_show)
+    for p, prog in ((c, PROG), (k, f"{PROG} check"), (s, f"{PROG} show")):
+        _one_line_errors(p, prog)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Stand-alone entry (``python -m linkpass.config_cli config check FILE``), same as ``linkpass``."""
+    p = argparse.ArgumentParser(prog="linkpass")
+    register(p.add_subparsers(dest="command", required=True))
+    args = p.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
