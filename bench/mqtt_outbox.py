@@ -43,23 +43,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from linkpass.adapters.mqtt import Alert, MqttPublisher  # noqa: E402
 from linkpass.config import MqttSection  # noqa: E402
 
+from _cluster import machine_info  # noqa: E402 - bench/ is on sys.path when run as a script
+
 SCHEMA = "linkpass.bench.mqtt_outbox/v1"
 TARGET_EVENTS_PER_S = 2000.0
-
-
-def machine_info() -> dict:
-    model = None
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    model = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    import platform
-    return {"cpus": os.cpu_count(), "cpus_usable": len(os.sched_getaffinity(0)), "cpu_model": model,
-            "kernel": platform.release(), "python": platform.python_version(), "loadavg_at_start": list(os.getloadavg())}
 
 
 def _free_port() -> int:
