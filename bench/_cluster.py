@@ -179,6 +179,34 @@ class BenchCluster(Cluster):
                 self.pids.append(int(st["pid"]))
                 self.pid_check.append(f"Popen pid {p.pid} ({' '.join(argv[:3])}) is not the daemon; using status pid {st['pid']}")
 
+    def add_config(self, i: int, tables: dict) -> None:
+        """Merge ``tables`` (``{"mqtt": {...}, ...}``: TOML tables by name, each a dict) into host
+        i's daemon config after :meth:`up` and before the daemon starts; keys of a table the
+        config already has are replaced one by one.  The result is validated like the fabric's
+        own configs (:func:`linkpass.config.parse_config`) and written back.
+
+        Raises:
+            BenchError: the merged config is invalid (the message names the file and field).
+        """
+        import tomllib
+
+        import tomli_w
+
+        from linkpass.config import ConfigError, parse_config
+
+        path = self.host(i)["config"]
+        with open(path, "rb") as f:
+            cfg = tomllib.load(f)
+        for name, table in tables.items():
+            cfg.setdefault(name, {}).update(table)
+        text = tomli_w.dumps(cfg)
+        try:
+            parse_config(text, path)
+        except ConfigError as e:
+            raise BenchError(f"extra daemon config: {e}") from None
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+
     def exit_codes(self) -> list[int | None]:
         return [p.poll() for _, p in sorted(self.procs.items())]
 
