@@ -231,6 +231,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "(reroute = notify-only), the torch hook rebuilds the job's process group on another rail; "
                    "device-fault: an Xid 79 on one rank's GPU, a hot spare takes the rank over")
     d.add_argument("--spares", type=int, default=1, help="hot spares per host (device-fault scenario, default 1)")
+    d.add_argument("--fault-host", type=int, default=None,
+                   help="host whose rank loses its GPU (device-fault scenario; default the last host; 0 works too: the "
+                   "job's store runs in a process of its own)")
     d.add_argument("--keep-logs", action="store_true", help="keep the work directory (daemon and trainer logs) after a successful run")
     d.set_defaults(func=cmd_demo)
     return p

@@ -320,7 +320,8 @@ def main(args) -> int:
         raise DemoError("--scenario must be reroute (kernel routes), rebuild (the torch hook rebuilds the process group) "
                         "or device-fault (a hot spare takes a faulty GPU's rank over)", 2)
     if scenario == "device-fault":
-        demo = DeviceFaultDemo(args.hosts, args.rails, args.steps, args.name, args.mode, spares=getattr(args, "spares", 1))
+        demo = DeviceFaultDemo(args.hosts, args.rails, args.steps, args.name, args.mode, spares=getattr(args, "spares", 1),
+                               fault_host=getattr(args, "fault_host", None))
     else:
         demo = (RebuildDemo if scenario == "rebuild" else Demo)(args.hosts, args.rails, args.steps, args.name, args.mode)
 
@@ -554,12 +555,16 @@ class DeviceFaultDemo(RebuildDemo):
     """
 
     def __init__(self, hosts: int, rails: int, steps: int, name: str, mode: str, hold_down_ms: int = 2000, log=print,
-                 spares: int = 1):
+                 spares: int = 1, fault_host: int | None = None):
         super().__init__(hosts, rails, steps, name, mode, hold_down_ms, log)
         if not 0 <= spares <= 4:
             raise DemoError("--spares must be 0..4", 2)
-        self.spares = spares
+        fault_host = hosts - 1 if fault_host is None else fault_host
+        if not 0 <= fault_host < hosts:
+            raise DemoError(f"--fault-host must be 0..{hosts - 1} (the host whose rank loses its GPU), got {fault_host}", 2)
+        self.spares, self.fault_host = spares, fault_host
         self.spare_jobs: list[subprocess.Popen] = []
+        self.store_job: subprocess.Popen | None = None
 
     def _launch_job(self, tag: str, port: int, spares: int = 0) -> list[Path]:
         from linkpass.adapters.hook_server import default_socket_path
@@ -568,12 +573,13 @@ class DeviceFaultDemo(RebuildDemo):
         self.jobs, self.spare_jobs = [], []
         store_addr = self.desc["hosts"][0]["rails"][self.STORE_RAIL]["address"]
         names = [h["name"] for h in self.desc["hosts"]]
+        self._start_store(tag, store_addr, port)
         for h in self.desc["hosts"]:
             ifaces = ",".join(f"{r['rail']}={r['netdev']}" for r in sorted(h["rails"], key=lambda r: r["rail"] != self.PG_RAIL))
             common = ["--world-size", str(self.hosts), "--master-addr", store_addr, "--master-port", str(port),
                       "--steps", str(self.steps), "--hook", "--rail-ifaces", ifaces, "--rail", str(self.PG_RAIL),
                       "--hooks-socket", default_socket_path(h["control_socket"]), "--host", h["name"],
-                      "--peers", ",".join(n for n in names if n != h["name"]), "--timeout-s", "30"]
+                      "--peers", ",".join(n for n in names if n != h["name"]), "--timeout-s", "30", "--external-store"]
             for k in range(spares + 1):
                 tagk = f"rank{h['index']}" if k == 0 else f"spare{h['index']}-{k}"
                 out, prog = self.workdir / f"{tag}-{tagk}.json", self.workdir / f"{tag}-{tagk}.progress"
@@ -588,6 +594,36 @@ class DeviceFaultDemo(RebuildDemo):
                 (self.jobs if k == 0 else self.spare_jobs).append(p)
         return outs
 
+    def _start_store(self, tag: str, addr: str, port: int) -> None:
+        """The job's TCPStore in a process of its own on host 0 (as torchrun's agent hosts it),
+        so that any rank, rank 0 included, can lose its GPU and be migrated."""
+        self._stop_store()
+        prog = self.workdir / f"{tag}-store.progress"
+        prog.unlink(missing_ok=True)
+        logf = open(self.workdir / f"{tag}-store.log", "w")
+        self.store_job = subprocess.Popen(fab.netns_exec(self.name, 0) + [
+            sys.executable, "-m", "linkpass.demo_train", "--store-only", "--rank", "0", "--world-size", str(self.hosts),
+            "--master-addr", addr, "--master-port", str(port), "--out", os.devnull, "--progress", str(prog)],
+            stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + 60
+        while not (prog.exists() and prog.read_text() == "ready"):
+            if self.store_job.poll() is not None or time.monotonic() > deadline:
+                raise DemoError(f"the job's store did not start on {addr}:{port}: "
+                                f"{(self.workdir / f'{tag}-store.log').read_text()[-500:]}")
+            time.sleep(0.05)
+
+    def _stop_store(self) -> None:
+        p, self.store_job = self.store_job, None
+        if p is not None and p.poll() is None:
+            try:
+                os.killpg(p.pid, signal.SIGTERM)
+                p.wait(5)
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+
     def run(self) -> dict:
         from linkpass.inject import inject_device_fault
 
@@ -596,7 +632,7 @@ class DeviceFaultDemo(RebuildDemo):
         ref = self._wait_jobs(self._launch_job("reference", 29500))
         if any(r["errors"] for r in ref):
             raise DemoError(f"reference run failed: {ref[0]['errors'] or ref[-1]['errors']}")
-        fault_host = self.hosts - 1
+        fault_host = self.fault_host
         self.log(f"faulted run: {self.spares} hot spare(s) per host")
         self._launch_job("faulted", 29501, self.spares)
         self._wait_progress("faulted", fault_host, self.steps * 3 // 10)
@@ -684,6 +720,7 @@ class DeviceFaultDemo(RebuildDemo):
 
     def close(self) -> None:
         self._stop_spares()
+        self._stop_store()
         super().close()
 
 

@@ -50,6 +50,27 @@ def _write(path: str, text: str) -> None:
     os.replace(tmp, path)
 
 
+def _serve_store(a) -> int:
+    """Host the job's TCPStore (no rank, no model) until SIGTERM/SIGINT; returns 0.  With the
+    store outside every rank, the rank on a failed GPU can be migrated whatever its number (the
+    store dies with the process hosting it)."""
+    import signal
+    import threading
+
+    import torch.distributed as dist
+
+    store = dist.TCPStore(a.master_addr, a.master_port, None, True, timeout=datetime.timedelta(seconds=a.timeout_s),
+                          wait_for_workers=False)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    if a.progress:
+        _write(a.progress, "ready")
+    stop.wait()
+    del store
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rank", type=int, required=True)
@@ -74,6 +95,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--spare", action="store_true", help="be a hot spare: wait for a rank to take over (with --hook)")
     p.add_argument("--rebuild-timeout-s", type=float, default=30.0,
                    help="how long the guard waits for every rank in a rebuild or migration before exiting 76")
+    p.add_argument("--external-store", action="store_true",
+                   help="no rank hosts the TCPStore: a --store-only process does (so any rank can be migrated)")
+    p.add_argument("--store-only", action="store_true",
+                   help="only host the job's TCPStore at --master-addr:--master-port until SIGTERM (what torchrun's "
+                   "agent does); writes 'ready' to --progress once it listens")
     p.add_argument("--spare-wait-s", type=float, default=300.0, help="how long a spare waits for an assignment")
     a = p.parse_args(argv)
     if a.iface:
@@ -84,6 +110,8 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     import torch.distributed as dist
 
+    if a.store_only:
+        return _serve_store(a)
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
     result = {"rank": a.rank, "world_size": a.world_size, "steps": a.steps, "steps_done": 0, "step_ms": [], "step_end_ns": [], "errors": []}
@@ -91,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.hook:
         from torch_hooks.guard import LinkPassGuard
 
-        store = dist.TCPStore(a.master_addr, a.master_port, a.world_size, a.rank == 0 and not a.spare,
+        store = dist.TCPStore(a.master_addr, a.master_port, a.world_size, a.rank == 0 and not a.spare and not a.external_store,
                               timeout=datetime.timedelta(seconds=a.timeout_s))
         ifaces = {int(k): v for k, v in (kv.split("=", 1) for kv in a.rail_ifaces.split(",") if kv)}
     else:

@@ -21,11 +21,13 @@ pytestmark = [
 torch = pytest.importorskip("torch")
 
 
-def test_device_fault_scenario_moves_the_rank_to_a_spare(tmp_path):
+@pytest.mark.parametrize("fault_host", [1, 0])  # rank 0 too: the job's store runs in a process of its own
+def test_device_fault_scenario_moves_the_rank_to_a_spare(tmp_path, fault_host):
     out = tmp_path / "demo.json"
     name = "tdf" + secrets.token_hex(3)
     p = subprocess.run([sys.executable, "-m", "linkpass.cli", "demo", "--scenario", "device-fault", "--hosts", "2", "--rails", "2",
-                        "--steps", "100", "--name", name, "--json", str(out)], capture_output=True, text=True, timeout=400)
+                        "--steps", "100", "--name", name, "--fault-host", str(fault_host), "--json", str(out)],
+                       capture_output=True, text=True, timeout=400)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     r = json.loads(out.read_text())
     assert r["scenario"] == "device-fault" and r["steps"] == 100
@@ -34,5 +36,7 @@ def test_device_fault_scenario_moves_the_rank_to_a_spare(tmp_path):
     m = r["migration"]
     assert m["spare"] is not None and m["epoch"] == 1 and m["state_bytes"] > 0
     assert isinstance(r["migration_ms"], float) and 0 < r["migration_ms"] < 10_000
-    assert r["peer_events"]["0"][0]["migrated_rank"] == 1
+    assert r["fault"]["host"] == fault_host
+    healthy = str(1 - fault_host)
+    assert r["peer_events"][healthy][0]["migrated_rank"] == fault_host
     assert name not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
