@@ -91,6 +91,10 @@ def test_unit_asks_for_the_notify_protocol_and_few_capabilities():
     assert keys["RuntimeDirectory"] == "linkpass" and keys["StateDirectory"] == "linkpass"
     assert set(keys["ReadWritePaths"].split()) == {"/run/linkpass", "/var/lib/linkpass"}
     assert "ProtectKernelLogs" not in keys  # it would deny /dev/kmsg
+    # before systemd 252 it implies DeviceAllow=char-rtc: /dev/kmsg, /dev/infiniband, /dev/nvidia* denied
+    assert "ProtectClock" not in keys and "DeviceAllow" not in keys
+    assert keys["RuntimeDirectoryPreserve"] == "yes"  # nccl.env outlives a stop
+    assert keys["RestartPreventExitStatus"] == "2"  # a bad config is not restarted in a loop
 
 
 # ---------------------------------------------------------------------------- the protocol, live

@@ -76,6 +76,11 @@ def test_every_document_is_namespaced_and_known():
         assert d["metadata"]["namespace"] == "linkpass", d["kind"]
 
 
+def test_namespace_admits_privileged_pods():
+    ns = one("Namespace")
+    assert ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "privileged"
+
+
 def test_daemonset_scheduling(ds, pod):
     assert ds["apiVersion"] == "apps/v1"
     assert ds["spec"]["selector"]["matchLabels"].items() <= ds["spec"]["template"]["metadata"]["labels"].items()
@@ -183,6 +188,8 @@ def test_every_path_of_the_config_is_mounted(rendered, pod, main):
 def test_training_pod_mounts_run_linkpass_read_only(rendered):
     (p,) = docs("training-pod-example.yaml")
     spec = p["spec"]
+    # nccl.env names the node's rail netdevs, and the routes linkpass changes are the node's
+    assert spec["hostNetwork"] is True
     (c,) = spec["containers"]
     m, v = mounts(c, spec)["/run/linkpass"]
     assert m["readOnly"] is True and v["hostPath"]["path"] == "/run/linkpass"
