@@ -8,9 +8,13 @@ addresses (``Topology.links``) and the text of the peers file; nothing here touc
 from __future__ import annotations
 
 import ipaddress
+import json
 from dataclasses import dataclass, field
 
-from linkpass.config import Config, ConfigError
+from linkpass.config import Config, ConfigError, read_text_file
+
+#: The largest peers file read (a line is about 30 bytes: some 500,000 hosts).
+MAX_PEERS_FILE_BYTES = 16 << 20
 
 
 @dataclass
@@ -20,6 +24,23 @@ class Resolved:
     config: Config
     notes: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+
+
+def read_peers_file(cfg: Config, source: str) -> str | None:
+    """The text of ``[topology] peers_file`` (None when it is not set), read as the daemon reads
+    it at start and on SIGHUP (:func:`linkpass.config.read_text_file`: a regular UTF-8 file of at
+    most :data:`MAX_PEERS_FILE_BYTES`).
+
+    Raises:
+        ConfigError: ``<source>: topology.peers_file: <path>: <what is wrong>``.
+    """
+    path = cfg.topology.peers_file
+    if not path:
+        return None
+    try:
+        return read_text_file(path, limit=MAX_PEERS_FILE_BYTES, what="a peers file")
+    except ConfigError as e:
+        raise ConfigError(f"{source}: topology.peers_file: {e}") from None
 
 
 def parse_peers_file(text: str, source: str) -> tuple[list[tuple[str, str]], list[str]]:
@@ -37,13 +58,13 @@ def parse_peers_file(text: str, source: str) -> tuple[list[tuple[str, str]], lis
             continue
         parts = line.split()
         if len(parts) != 2:
-            warnings.append(f"{source}: line {n}: expected `name host_ip`, got {raw.strip()!r}")
+            warnings.append(f"{source}: line {n}: expected `name host_ip`, got {json.dumps(raw.strip(), ensure_ascii=False)}")
             continue
         name, ip = parts
         try:
             ipaddress.IPv4Address(ip)
         except ValueError:
-            warnings.append(f"{source}: line {n}: {ip!r} is not an IPv4 address")
+            warnings.append(f"{source}: line {n}: {json.dumps(ip, ensure_ascii=False)} is not an IPv4 address")
             continue
         if name in seen:
             warnings.append(f"{source}: line {n}: {name} listed twice; keeping the first")

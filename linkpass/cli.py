@@ -10,7 +10,7 @@
     linkpass exec [--local-rank N] -- CMD ARGS...
     linkpass classify [FILE ...|-] [--json] [--topology FILE]
     linkpass alerts tail [--config FILE] [--broker HOST:PORT] [--host H] [--json]
-    linkpass config check FILE             validate a config: OK, or one line per problem (exit 2)
+    linkpass config check [--no-files] FILE  validate a config and its files: OK, or one line per problem (exit 2)
     linkpass config show FILE | --defaults [--example]
 
 Exit codes: 0 success, 1 runtime failure, 2 bad input (config, arguments), 3 daemon not reachable.

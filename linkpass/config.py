@@ -34,7 +34,9 @@ Example (what ``linkpass fabric up`` writes for host 0 of a two-host, two-rail f
 
 from __future__ import annotations
 
+import datetime
 import ipaddress
+import json
 import math
 import os
 import re
@@ -54,11 +56,14 @@ DEFAULT_NCCL_ENV_FILE = "/run/linkpass/nccl.env"
 #: ``Field(..., examples=[v], json_schema_extra=IN_EXAMPLE)``: the generated example config sets this
 #: optional option to ``v`` (for options that are required in the default mode, or recommended).
 IN_EXAMPLE = {"in_example": True}
+#: What ``daemon.host`` may be: a host-name-like word that is safe in MQTT topics and file names
+#: (no ``/``, ``+``, ``#``, spaces), 1 to 64 characters.
+HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
 def _ip_from_text(v: object) -> object:
     if not isinstance(v, str):
-        raise ValueError(f"must be an IPv4 address in quotes, got {type(v).__name__} {v!r}")
+        raise ValueError(f"must be an IPv4 address in quotes, got {_got(v)}")
     return v
 
 
@@ -82,9 +87,9 @@ class ConfigError(Exception):
 def _finite_number(v):
     """TOML numbers only (an int is fine), never a string or a boolean, never NaN or infinity."""
     if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise ValueError(f"must be a number, got {type(v).__name__} {v!r}")
+        raise ValueError(f"must be a number, got {_got(v)}")
     if not math.isfinite(v):
-        raise ValueError(f"must be a finite number, got {v!r}")
+        raise ValueError(f"must be a finite number, got {_shown(v)}")
     return float(v)
 
 
@@ -107,7 +112,9 @@ class _Strict(BaseModel):
 class DaemonSection(_Strict):
     """The ``[daemon]`` table."""
 
-    host: str = Field(min_length=1, max_length=64, examples=["gpu-node-07"], description="This host's name, as peers know it.")
+    host: str = Field(min_length=1, max_length=64, examples=["gpu-node-07"], description="This host's name, as peers know it: "
+                      "letters, digits, \".\", \"-\" and \"_\", starting with a letter or digit (it names this host's MQTT "
+                      "topics).")
     mode: Literal["host-ip", "per-rail-ip"] = Field(
         "host-ip",
         description="host-ip: one host address, routes to peers' host IPs over all healthy rails. "
@@ -138,6 +145,14 @@ class DaemonSection(_Strict):
                                               "on every rail netdev, so the kernel itself stops choosing a nexthop "
                                               "whose carrier is gone in the milliseconds before linkpass replaces the routes.")
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log level (`linkpass run --log-level` overrides it).")
+
+    @field_validator("host")
+    @classmethod
+    def _host_name(cls, v: str) -> str:
+        if not HOST_NAME.fullmatch(v):
+            raise ValueError("must be a host name: letters, digits, \".\", \"-\" and \"_\", starting with a letter or "
+                             f"digit, at most 64 characters (it is part of MQTT topics), got {_shown(v)}")
+        return v
 
     @model_validator(mode="after")
     def _host_ip_for_mode(self) -> "DaemonSection":
@@ -244,7 +259,7 @@ class NcclSection(_Strict):
     @classmethod
     def _version_shape(cls, v: str) -> str:
         if v and not re.match(r"^v?\d+\.\d+(\.\d+)?([-+][0-9A-Za-z.+-]*)?$", v.strip()):
-            raise ValueError(f"must be MAJOR.MINOR[.PATCH] like \"2.29.7\" (or \"\" to detect), got {v!r}")
+            raise ValueError(f"must be MAJOR.MINOR[.PATCH] like \"2.29.7\" (or \"\" to detect), got {_shown(v)}")
         return v.strip()
 
 
@@ -290,7 +305,7 @@ class MetricsSection(_Strict):
         try:
             ipaddress.ip_address(v)
         except ValueError:
-            raise ValueError(f"must be an IPv4 or IPv6 address like \"127.0.0.1\", got {v!r}") from None
+            raise ValueError(f"must be an IPv4 or IPv6 address like \"127.0.0.1\", got {_shown(v)}") from None
         return v
 
 
@@ -308,8 +323,9 @@ class MqttSection(_Strict):
     host: str = Field("127.0.0.1", min_length=1, max_length=253, examples=["mqtt.example.net"],
                       description="Broker host name or IP address.")
     port: StrictInt = Field(1883, ge=1, le=65535, description="Broker TCP port (8883 is the usual one for TLS).")
-    prefix: str = Field(DEFAULT_MQTT_PREFIX, min_length=1, max_length=200, description="Topic prefix; \"{host}\" is "
-                        "replaced by daemon.host; the topics are <prefix>status, state, topology and events.")
+    prefix: str = Field(DEFAULT_MQTT_PREFIX, min_length=1, max_length=200, description="Topic prefix; it must contain "
+                        "\"{host}\", which is replaced by daemon.host (so each host has topics of its own); the topics are "
+                        "<prefix>status, state, topology and events.")
     client_id: str = Field("", max_length=128, description="MQTT client id; \"\" = \"linkpass-<daemon.host>\".")
     protocol: Literal["auto", "5", "3.1.1"] = Field("auto", description="MQTT version: auto = 5 (message expiry, user "
                                                     "properties), falling back to 3.1.1 when the broker refuses 5.")
@@ -340,11 +356,14 @@ class MqttSection(_Strict):
     @classmethod
     def _topic_prefix(cls, v: str) -> str:
         if any(c in v for c in "+#\0"):
-            raise ValueError(f"must not contain the MQTT wildcards + or # (or NUL), got {v!r}")
+            raise ValueError(f"must not contain the MQTT wildcards + or # (or NUL), got {_shown(v)}")
         if v.startswith("$"):
-            raise ValueError(f"must not start with $ (reserved for broker topics), got {v!r}")
+            raise ValueError(f"must not start with $ (reserved for broker topics), got {_shown(v)}")
         if v.count("{host}") > 1 or re.search(r"\{(?!host\})", v):
-            raise ValueError(f"the only placeholder allowed is one {{host}}, got {v!r}")
+            raise ValueError(f"the only placeholder allowed is one {{host}}, got {_shown(v)}")
+        if "{host}" not in v:
+            raise ValueError("must contain {host} (replaced by daemon.host): without it every host publishes the same "
+                             f"retained topics and overwrites the others', got {_shown(v)}")
         return v if v.endswith("/") else v + "/"
 
     @model_validator(mode="after")
@@ -387,13 +406,13 @@ class Config(_Strict):
             raise ValueError('rails: leave [[rails]] out when [topology] rails = "auto" (rails come from discovery)')
         ids = [r.id for r in self.rails]
         if len(set(ids)) != len(ids):
-            raise ValueError(f"rails: duplicate rail id in {ids}")
+            raise ValueError(f"rails: duplicate rail id in {_shown(ids)}")
         devs = [r.netdev for r in self.rails]
         if len(set(devs)) != len(devs):
-            raise ValueError(f"rails: netdev used by two rails in {devs}")
+            raise ValueError(f"rails: netdev used by two rails in {_shown(devs)}")
         names = [p.name for p in self.peers]
         if len(set(names)) != len(names):
-            raise ValueError(f"peers: duplicate peer name in {names}")
+            raise ValueError(f"peers: duplicate peer name in {_shown(names)}")
         if self.daemon.host in names:
             raise ValueError(f"peers: this host ({self.daemon.host}) is listed as its own peer")
         for i, p in enumerate(self.peers):
@@ -453,10 +472,40 @@ def _options_at(loc: tuple) -> list[str]:
 
 
 def _shown(v: object) -> str:
+    """A value as every message quotes it, in JSON/TOML style on one line: ``"a\\tb"`` (JSON string
+    escapes), ``true``, ``5``, ``1.5``, ``nan``, ``["a", 1]``; cut to 60 characters."""
     if isinstance(v, bool):
-        return "true" if v else "false"
-    text = f'"{v}"' if isinstance(v, str) else repr(v)
+        text = "true" if v else "false"
+    elif isinstance(v, float) and not math.isfinite(v):
+        text = "nan" if math.isnan(v) else ("inf" if v > 0 else "-inf")
+    elif isinstance(v, (int, float)):
+        text = repr(v)
+    elif isinstance(v, (str, list, tuple, dict)):
+        text = json.dumps(v, ensure_ascii=False, default=str)
+    else:  # dates and times from TOML
+        text = v.isoformat() if hasattr(v, "isoformat") else str(v)
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+#: TOML's names for the Python types tomllib returns (bool before int: a bool is an int).
+_TOML_KINDS = ((bool, "a boolean"), (int, "an integer"), (float, "a float"), (str, "a string"), (list, "an array"),
+               (dict, "a table"), (datetime.datetime, "a date-time"), (datetime.date, "a date"), (datetime.time, "a time"))
+
+
+def _got(v: object) -> str:
+    """What a TOML value is, for a message: ``a string "x"``, ``an integer 5``, ``a table``."""
+    kind = next((k for t, k in _TOML_KINDS if isinstance(v, t)), type(v).__name__)
+    return kind if isinstance(v, dict) else f"{kind} {_shown(v)}"
+
+
+def _wanted(loc: tuple, kind: str) -> str:
+    """What a table or array at ``loc`` should have been, in TOML words (for model/list/dict type errors)."""
+    name = ".".join(str(x) for x in loc if not isinstance(x, int))
+    if kind == "model_type":
+        return f"a table (a [[{name}]] entry)" if loc and isinstance(loc[-1], int) else f"a table ([{name}])"
+    if kind == "list_type":
+        return f"an array of tables ([[{name}]])" if _options_at(loc) else "an array"
+    return "a table"
 
 
 def _problem(err: dict) -> str:
@@ -489,6 +538,8 @@ def _problem(err: dict) -> str:
         else:
             near = difflib.get_close_matches(name, _options_at(loc[:-1]), n=1, cutoff=0.6)
             msg += f" (unknown option; did you mean {near[0]!r}?)" if near else " (unknown option)"
+    elif kind in ("model_type", "list_type", "dict_type"):  # not pydantic's class names: TOML's words
+        msg = f"must be {_wanted(loc, kind)}, got {_got(err.get('input'))}"
     elif kind != "missing" and isinstance(err.get("input"), (str, int, float, bool)):
         msg += f" (got {_shown(err['input'])})"
     return f"{field or '(top level)'}: {msg}"
@@ -521,6 +572,7 @@ def parse_config(text: str, source: str = "<config>") -> Config:
     Raises:
         ConfigError: one line ``<source>: <field>: <problem>``.
     """
+    text = text.removeprefix("\ufeff")  # a UTF-8 byte order mark (some Windows editors write one)
     try:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
@@ -538,26 +590,96 @@ def parse_config(text: str, source: str = "<config>") -> Config:
 
 
 def load_config(path: str | Path) -> Config:
-    """Read and validate a config file.
+    """Read and validate a config file (:func:`read_text_file`, then :func:`parse_config`).
 
     Raises:
-        ConfigError: missing or unreadable file, bad TOML, or invalid values; the message
-            names the file and the field.
+        ConfigError: missing or unreadable file, not a regular file, over 1 MiB, bad TOML, or
+            invalid values; the message names the file and the field.
+    """
+    return parse_config(read_text_file(path), str(Path(path)))
+
+
+#: The largest config file read (a full example config is about 20 KB).
+MAX_CONFIG_BYTES = 1 << 20
+
+_NOT_REGULAR = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                (stat.S_ISSOCK, "a socket"))
+
+
+def _size_text(n: int) -> str:
+    return f"{n >> 20} MiB" if n and n % (1 << 20) == 0 else f"{n} bytes"
+
+
+def read_text_file(path: str | Path, *, limit: int = MAX_CONFIG_BYTES, what: str = "a config file") -> str:
+    """The text of a small UTF-8 file that linkpass reads whole (the config, the peers file).
+
+    Only a regular file is opened (checked with stat(2) first, and again with fstat(2) on the
+    descriptor, which is opened non-blocking so a FIFO swapped in cannot hang the reader); at most
+    ``limit`` + 1 bytes are read.  A UTF-8 byte order mark at the start is dropped.
+
+    Args:
+        path: the file.
+        limit: the largest size accepted, in bytes.
+        what: how messages name the file ("a config file", "a peers file").
+
+    Raises:
+        ConfigError: one line, ``<path>: <what is wrong>``: no such file, permission denied,
+            is a directory, not a regular file (a FIFO, a character device...), too large,
+            not UTF-8 text, or cannot read (with the OS's reason).
     """
     p = Path(path)
+
+    def refuse(why: str) -> ConfigError:
+        return ConfigError(f"{p}: {why}")
+
+    def os_error(e: OSError) -> ConfigError:
+        if isinstance(e, FileNotFoundError):
+            return refuse("no such file")
+        if isinstance(e, PermissionError):
+            return refuse("permission denied")
+        return refuse(f"cannot read: {e.strerror or e}")
+
+    def check(st: os.stat_result) -> None:
+        if stat.S_ISDIR(st.st_mode):
+            raise refuse(f"is a directory, not {what}")
+        if not stat.S_ISREG(st.st_mode):
+            kind = next((k for test, k in _NOT_REGULAR if test(st.st_mode)), "not a plain file")
+            raise refuse(f"not a regular file ({kind})")
+        if st.st_size > limit:
+            raise refuse(f"too large ({st.st_size} bytes; {what} is at most {_size_text(limit)})")
+
     try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"{p}: no such file") from None
-    except IsADirectoryError:
-        raise ConfigError(f"{p}: is a directory, not a config file") from None
-    except PermissionError:
-        raise ConfigError(f"{p}: permission denied") from None
-    except UnicodeDecodeError as e:
-        raise ConfigError(f"{p}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+        check(os.stat(p))
+        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOCTTY", 0))
     except OSError as e:
-        raise ConfigError(f"{p}: cannot read: {e.strerror}") from None
-    return parse_config(text, str(p))
+        raise os_error(e) from None
+    with os.fdopen(fd, "rb") as f:
+        check(os.fstat(fd))  # the same file we stat()ed, not one swapped in since
+        try:
+            data = f.read(limit + 1)
+        except OSError as e:
+            raise os_error(e) from None
+    if len(data) > limit:  # grew after the stat
+        raise refuse(f"too large (over {limit} bytes; {what} is at most {_size_text(limit)})")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise refuse(f"not UTF-8 text ({e.reason} at byte {e.start})") from None
+    return text.removeprefix("\ufeff")
+
+
+def notice_key(cfg: Config, source: str) -> bytes | None:
+    """The notice key of ``cfg`` (:func:`read_key_file` of ``daemon.notice_key_file``), None when unset.
+
+    Raises:
+        ConfigError: ``<source>: daemon.notice_key_file: <path>: <what is wrong>``.
+    """
+    if not cfg.daemon.notice_key_file:
+        return None
+    try:
+        return read_key_file(cfg.daemon.notice_key_file)
+    except ConfigError as e:
+        raise ConfigError(f"{source}: daemon.notice_key_file: {e}") from None
 
 
 def read_key_file(path: str | Path) -> bytes:

@@ -1,13 +1,19 @@
 """`linkpass config check|show`: validate a config file, print effective or default settings.
 
-    linkpass config check FILE
+    linkpass config check [--no-files] FILE
     linkpass config show FILE
     linkpass config show --defaults [--example]
 
 ``check`` validates FILE exactly as the daemon does (:func:`linkpass.config.load_config`) and
 prints ``FILE: OK (...)`` on stdout, exit 0; or one line per problem on stderr,
-``FILE: <key path>: <what is wrong>``, exit 2 (missing, unreadable, directory, non-UTF-8 file,
-TOML syntax errors with line and column, unknown keys, inline secrets, bad values).
+``FILE: <key path>: <what is wrong>``, exit 2 (missing, unreadable, directory, FIFO or device,
+over 1 MiB, non-UTF-8 file, TOML syntax errors with line and column, unknown keys, inline
+secrets, bad values).  Then it reads the files the config names with the daemon's own functions
+(:func:`file_problems`): a notice key file or (with ``rails = "auto"``) a peers file that would
+stop the daemon at start is a problem line, exit 2; a bad MQTT password, key or certificate file
+(the daemon runs on, without alerts) is a ``FILE: warning: mqtt.<option>: ...`` line on stderr,
+exit 0, and the OK line counts the warnings.  ``--no-files`` skips those file checks (for a
+config checked on another machine than its node).
 
 ``show FILE`` prints the validated config as TOML with every default filled in (options that are
 unset are left out).  ``show --defaults`` prints the default of every option, each under its
@@ -26,19 +32,19 @@ Exit codes: 0 ok; 2 bad input (an invalid config, bad arguments), one line per p
 from __future__ import annotations
 
 import argparse
+import functools
 import re
 import sys
 import textwrap
 import types
 import typing
 from pathlib import Path
-
 import tomli_w
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined, to_jsonable_python
 
-from linkpass.config import Config, ConfigError, load_config
+from linkpass.config import Config, ConfigError, load_config, notice_key
 
 PROG = "linkpass config"
 #: comment lines are wrapped to this many columns
@@ -263,15 +269,81 @@ def _summary(cfg: Config) -> str:
     return f"host {cfg.daemon.host}, mode {cfg.daemon.mode}, {rails}, {peers}"
 
 
+_MQTT_OPTION = re.compile(r"^(mqtt\.\w+) (.*)$")
+
+
+def file_problems(cfg: Config, source: str) -> tuple[list[str], list[str]]:
+    """Read the files ``cfg`` names as the daemon does, with the daemon's own functions.
+
+    Problems stop the daemon at start (exit 2): the notice key file
+    (:func:`linkpass.config.notice_key`) and, with ``[topology] rails = "auto"``, the peers file
+    (:func:`linkpass.autoconf.read_peers_file`).  Warnings do not: lines of the peers file that
+    the daemon skips, a ``peers_file`` that is not read (rails not "auto"), and with
+    ``mqtt.enabled`` the broker password and TLS files, checked by the MQTT adapter's
+    :func:`~linkpass.adapters.mqtt.read_password_file` and
+    :func:`~linkpass.adapters.mqtt.build_tls_context` (the daemon logs those and runs without
+    alerts).
+
+    Args:
+        cfg: the validated config.
+        source: the config's path, which starts every line.
+
+    Returns:
+        ``(problems, warnings)``: lines ``<source>: <key path>: <what is wrong>`` and
+        ``<source>: warning: <key path>: <what is wrong>``.
+    """
+    from linkpass.autoconf import parse_peers_file, read_peers_file
+
+    problems: list[str] = []
+    warnings: list[str] = []
+    try:
+        notice_key(cfg, source)
+    except ConfigError as e:
+        problems.append(str(e))
+    if cfg.auto:
+        try:
+            text = read_peers_file(cfg, source)
+        except ConfigError as e:
+            problems.append(str(e))
+        else:
+            if text is not None:
+                _, skipped = parse_peers_file(text, cfg.topology.peers_file)
+                warnings += [f"{source}: warning: topology.peers_file: {w}" for w in skipped]
+    elif cfg.topology.peers_file:
+        warnings.append(f"{source}: warning: topology.peers_file: not read: peers come from [[peers]] unless "
+                        '[topology] rails = "auto"')
+    if cfg.mqtt.enabled:
+        from linkpass.adapters.mqtt import MqttSetupError, build_tls_context, read_password_file
+
+        checks = [functools.partial(read_password_file, cfg.mqtt.password_file)] if cfg.mqtt.password_file else []
+        checks.append(functools.partial(build_tls_context, cfg.mqtt))
+        for check in checks:
+            try:
+                check()
+            except MqttSetupError as e:  # "mqtt.password_file /p: why" -> "mqtt.password_file: /p: why"
+                warnings.append(f"{source}: warning: " + _MQTT_OPTION.sub(r"\1: \2", " ".join(str(e).split("\n"))))
+    return problems, warnings
+
+
 def cmd_check(args) -> int:
-    """``linkpass config check FILE``: exit 0 and ``FILE: OK (...)``, or one line per problem and exit 2."""
+    """``linkpass config check [--no-files] FILE``: exit 0 and ``FILE: OK (...)`` (warnings on
+    stderr), or one line per problem on stderr and exit 2."""
     try:
         cfg = load_config(args.file)
     except ConfigError as e:
         for line in e.problems:
             print(line, file=sys.stderr)
         return 2
-    print(f"{args.file}: OK ({_summary(cfg)})")
+    if args.no_files:
+        problems, warnings, note = [], [], "; files not checked"
+    else:
+        problems, warnings = file_problems(cfg, str(Path(args.file)))  # named as load_config names it
+        note = f"; {len(warnings)} warning{'s' if len(warnings) != 1 else ''}" if warnings else ""
+    for line in problems + warnings:
+        print(line, file=sys.stderr)
+    if problems:
+        return 2
+    print(f"{args.file}: OK ({_summary(cfg)}{note})")
     return 0
 
 
@@ -309,8 +381,14 @@ def register(subparsers) -> None:
     c = subparsers.add_parser("config", help="check a config file, show effective or default settings",
                               description="Validate a linkpass TOML config, or print it with defaults filled in.")
     sub = c.add_subparsers(dest="config_command", required=True, metavar="check|show")
-    k = sub.add_parser("check", help="validate FILE: exit 0, or one line per problem and exit 2")
+    k = sub.add_parser("check", help="validate FILE: exit 0, or one line per problem and exit 2",
+                       description="Validate FILE as the daemon does at start, including the files it names "
+                       "(notice key, peers file; MQTT password and TLS files give warnings only): FILE: OK and "
+                       "exit 0, or one line per problem and exit 2.")
     k.add_argument("file", metavar="FILE", help="TOML config file")
+    k.add_argument("--no-files", action="store_true",
+                   help="do not read the files the config names (notice_key_file, peers_file, MQTT files), e.g. "
+                   "to check a config on another machine than its node")
     k.set_defaults(func=cmd_check)
     s = sub.add_parser("show", help="print FILE's effective config, or the defaults of every option")
     s.add_argument("file", nargs="?", metavar="FILE", help="TOML config file (print it validated, defaults filled in)")

@@ -36,7 +36,7 @@ from linkpass.adapters.probe_filter import ProbeFilter
 from linkpass.adapters.prober import Prober
 from linkpass.adapters.routes import RouteActuator
 from linkpass.adapters.sdnotify import SdNotifier, ServiceNotifier
-from linkpass.config import Config, ConfigError, load_config, read_key_file
+from linkpass.config import Config, ConfigError, load_config, notice_key
 from linkpass.core.engine import Engine
 from linkpass.core.model import ApplyRoutes, LinkChanged, NotifyDeviceFault, RefreshNeighbors, RoutesApplied, SendNotice, SetTimer, Tick
 
@@ -71,10 +71,7 @@ class Daemon:
         self.nccl_file = NcclEnvFile(cfg, self.nccl_topology)
         self.queue: asyncio.Queue = asyncio.Queue()
         self.engine = Engine(cfg)
-        try:
-            self.key = read_key_file(cfg.daemon.notice_key_file) if cfg.daemon.notice_key_file else None
-        except ConfigError as e:
-            raise ConfigError(f"{config_path}: daemon.notice_key_file: {e}") from None
+        self.key = notice_key(cfg, config_path)  # the same check as `linkpass config check`
         if self.key is None:
             log.warning("no notice_key_file configured: peer notices are disabled")
         self.monitor = NetlinkMonitor(self.queue.put_nowait, self._route_filter, cfg.daemon.netlink_rcvbuf_bytes)
@@ -118,7 +115,7 @@ class Daemon:
         Raises:
             ConfigError: no usable rail was found, or the peers file cannot be read.
         """
-        from linkpass.autoconf import resolve
+        from linkpass.autoconf import read_peers_file, resolve
         from topology.affinity import analyse, to_json
         from topology.live import discover
 
@@ -127,13 +124,7 @@ class Daemon:
         override = {n: True for n in t.compute_nics} | {n: False for n in t.exclude_nics}
         doc = to_json(analyse(topo, override))
         self.nccl_topology = topo
-        peers_text = None
-        if t.peers_file:
-            try:
-                peers_text = Path(t.peers_file).read_text(encoding="utf-8")
-            except (OSError, UnicodeDecodeError) as e:
-                raise ConfigError(f"{self.config_path}: topology.peers_file: {t.peers_file}: cannot read: "
-                                  f"{getattr(e, 'strerror', None) or e}") from None
+        peers_text = read_peers_file(cfg, self.config_path)  # the same check as `linkpass config check`
         res = resolve(cfg, doc, topo.links, peers_text, t.peers_file or "peers_file")
         self.autoconf_notes = res.notes
         self.autoconf_warnings = res.warnings + [w for w in topo.warnings if not w.startswith("nvml: not used")]
@@ -416,7 +407,7 @@ class Daemon:
             self.source_cfg = cfg
             if cfg.auto:
                 cfg = self._resolve(cfg)
-            key = read_key_file(cfg.daemon.notice_key_file) if cfg.daemon.notice_key_file else None
+            key = notice_key(cfg, self.config_path)
         except ConfigError as e:
             log.error("reload refused, keeping the running config: %s", e)
             self.reload_error = f"last reload refused, running config kept: {e}"

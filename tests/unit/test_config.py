@@ -3,12 +3,25 @@
 from __future__ import annotations
 
 import ipaddress
+import json
 import os
 import re
+import threading
+import typing
+from pathlib import Path
 
 import pytest
 
-from linkpass.config import DEFAULT_ROUTE_PROTOCOL, Config, ConfigError, load_config, parse_config, read_key_file
+from linkpass import config as config_mod
+from linkpass.config import (
+    DEFAULT_ROUTE_PROTOCOL,
+    MAX_CONFIG_BYTES,
+    Config,
+    ConfigError,
+    load_config,
+    parse_config,
+    read_key_file,
+)
 from unit_helpers import make_toml
 
 # the docstring example of linkpass/config.py, with the second rail it refers to
@@ -303,3 +316,224 @@ def test_ip_written_as_a_number_is_refused():
     with pytest.raises(ConfigError) as ei:
         parse_config("[daemon]\nhost = 'h0'\nhost_ip = 5\n[[rails]]\nid = 0\nnetdev = 'rail0'\n", "x.toml")
     assert "daemon.host_ip" in str(ei.value) and "in quotes" in str(ei.value)
+
+
+# ----------------------------------------------------------------------------- daemon.host, mqtt.prefix
+
+
+def _with_host(host: str) -> str:
+    return EXAMPLE.replace('host = "h0"', f"host = {json.dumps(host)}", 1)
+
+
+@pytest.mark.parametrize("host", ["h0", "h9", "a", "n1", "gpu-node-07", "node_1.rack-2.example.com", "7", "x" * 64])
+def test_host_names_that_pass(host):
+    assert parse_config(_with_host(host)).daemon.host == host
+
+
+@pytest.mark.parametrize("host", ["h0+x", "h0/x", "h#", "h 0", "-h0", ".h0", "_h0", "h0\n", "hö", "x" * 65, "{host}"])
+def test_host_names_that_could_break_topics_are_refused(host):
+    with pytest.raises(ConfigError) as ei:
+        parse_config(_with_host(host), "x.toml")
+    s = assert_one_line(ei.value, "x.toml", "daemon.host")
+    if len(host) <= 64:
+        assert s == ('x.toml: daemon.host: must be a host name: letters, digits, ".", "-" and "_", starting with a letter '
+                     f"or digit, at most 64 characters (it is part of MQTT topics), got {json.dumps(host, ensure_ascii=False)}")
+
+
+def test_every_host_name_the_tests_and_the_fabric_use_still_passes():
+    """Host names written as literals in tests/, linkpass/fabric and deploy/ (placeholders aside; the
+    config tests, which write refused names on purpose, left out)."""
+    root = Path(__file__).resolve().parents[2]
+    files = [*root.glob("tests/**/*.py"), *root.glob("linkpass/fabric/*.py"), *root.glob("deploy/**/*.y*ml"),
+             root / "deploy" / "linkpass.toml.example"]
+    files = [f for f in files if not f.name.startswith("test_config")]
+    pat = re.compile(r"""(?:\bhost\s*=\s*|["']host["']\s*:\s*)["']([^"'\\{}@\n]*)["']""")
+    names = {m for f in files for m in pat.findall(f.read_text(encoding="utf-8", errors="replace"))}
+    names |= {f"h{i}" for i in range(64)}  # the fabric's hosts (linkpass/fabric/fabric.py: f"h{i}")
+    assert {"h0", "h1", "gpu-node-07"} <= names
+    def broker_ip(n: str) -> bool:  # [mqtt] host = "::1" is a broker address, not a daemon.host
+        try:
+            return bool(ipaddress.ip_address(n))
+        except ValueError:
+            return False
+
+    bad = sorted(n for n in names if n and not broker_ip(n) and not config_mod.HOST_NAME.fullmatch(n))
+    assert bad == [], bad
+
+
+@pytest.mark.parametrize("prefix,want", [("linkpass/v1/{host}/", "linkpass/v1/{host}/"), ("site/{host}", "site/{host}/"),
+                                         ("{host}", "{host}/")])
+def test_mqtt_prefix_with_host(prefix, want):
+    assert parse_config(EXAMPLE + f'\n[mqtt]\nprefix = "{prefix}"\n').mqtt.prefix == want
+
+
+@pytest.mark.parametrize("prefix", ["linkpass/v1/", "site/h0", "a"])
+def test_mqtt_prefix_without_host_is_refused(prefix):
+    with pytest.raises(ConfigError) as ei:
+        parse_config(EXAMPLE + f'\n[mqtt]\nprefix = "{prefix}"\n', "x.toml")
+    s = assert_one_line(ei.value, "x.toml", "mqtt.prefix")
+    assert s == ("x.toml: mqtt.prefix: must contain {host} (replaced by daemon.host): without it every host publishes "
+                 f"the same retained topics and overwrites the others', got \"{prefix}\"")
+
+
+# ----------------------------------------------------------------------------- messages in TOML words, values quoted alike
+
+
+@pytest.mark.parametrize("name", [n for n in Config.model_fields])
+def test_every_section_of_the_wrong_type_is_named_in_toml_words(name):
+    shape = config_mod._options_at((name,))
+    assert shape, name  # every top-level field is a table or an array of tables
+    is_array = typing.get_origin(Config.model_fields[name].annotation) is list
+    want = f"an array of tables ([[{name}]])" if is_array else f"a table ([{name}])"
+    text = EXAMPLE if name != "daemon" else EXAMPLE.replace(EXAMPLE[EXAMPLE.index("[daemon]"):EXAMPLE.index("[[rails]]")], "")
+    for section in ("rails", "peers"):
+        if name == section:
+            text = re.sub(rf"\[\[{section}\]\][^\[]*", "", text)
+    with pytest.raises(ConfigError) as ei:
+        parse_config(f'{name} = "x"\n' + text, "x.toml")
+    assert f'x.toml: {name}: must be {want}, got a string "x"' in ei.value.problems, ei.value.problems
+    assert not any("Section" in p or "instance of" in p for p in ei.value.problems), ei.value.problems
+
+
+@pytest.mark.parametrize("toml,line", [
+    ('rails = ["x"]', 'rails[0]: must be a table (a [[rails]] entry), got a string "x"'),
+    ("rails = [3]", "rails[0]: must be a table (a [[rails]] entry), got an integer 3"),
+    ("probe = true", "probe: must be a table ([probe]), got a boolean true"),
+    ("probe = 1979-05-27", "probe: must be a table ([probe]), got a date 1979-05-27"),
+    ('peers = { a = 1 }', "peers: must be an array of tables ([[peers]]), got a table"),
+    ('topology = { compute_nics = "x" }', 'topology.compute_nics: must be an array, got a string "x"'),
+])
+def test_wrong_shapes_in_toml_words(toml, line):
+    text = toml + "\n" + (EXAMPLE if not toml.startswith(("rails", "peers")) else EXAMPLE[: EXAMPLE.index("[[rails]]")])
+    with pytest.raises(ConfigError) as ei:
+        parse_config(text, "x.toml")
+    assert f"x.toml: {line}" in ei.value.problems, ei.value.problems
+
+
+@pytest.mark.parametrize("setting,line", [
+    ('[daemon]\nhost_ip = 5', "daemon.host_ip: must be an IPv4 address in quotes, got an integer 5"),
+    ('[probe]\nrail_down_share = "0.5"', 'probe.rail_down_share: must be a number, got a string "0.5"'),
+    ("[probe]\ndegraded_loss = nan", "probe.degraded_loss: must be a finite number, got nan"),
+    ("[nccl]\nversion = \"it's 2\"", 'nccl.version: must be MAJOR.MINOR[.PATCH] like "2.29.7" (or "" to detect), got "it\'s 2"'),
+    ('[metrics]\naddress = "a\\"b\\nc"', 'metrics.address: must be an IPv4 or IPv6 address like "127.0.0.1", got "a\\"b\\nc"'),
+    ('[mqtt]\nprefix = "a/+/{host}"', 'mqtt.prefix: must not contain the MQTT wildcards + or # (or NUL), got "a/+/{host}"'),
+    ('[daemon]\nlog_level = "loud"', "daemon.log_level: Input should be 'debug', 'info', 'warning' or 'error' (got \"loud\")"),
+])
+def test_got_values_are_quoted_json_style(setting, line):
+    table, kv = setting.split("\n", 1)
+    text = EXAMPLE.replace(table + "\n", f"{table}\n{kv}\n", 1) if table in EXAMPLE else EXAMPLE + f"\n{setting}\n"
+    if kv.startswith("host_ip"):
+        text = re.sub(rf'(?m)^{kv.split(" ")[0]} = "[^"]*"\n', "", text, count=1)
+    with pytest.raises(ConfigError) as ei:
+        parse_config(text, "x.toml")
+    (p,) = ei.value.problems
+    assert p.startswith(f"x.toml: {line}"), p
+    assert "\n" not in p
+
+
+def test_duplicates_are_listed_json_style():
+    with pytest.raises(ConfigError) as ei:
+        parse_config(edit(EXAMPLE, 'netdev = "rail1"', 'netdev = "rail0"'), "x.toml")
+    assert str(ei.value) == 'x.toml: rails: netdev used by two rails in ["rail0", "rail0"]'
+
+
+# ----------------------------------------------------------------------------- special files, size, BOM
+
+
+def test_fifo_is_refused_without_blocking(tmp_path):
+    fifo = tmp_path / "lp.toml"
+    os.mkfifo(fifo)
+    result: list = []
+
+    def load():
+        try:
+            load_config(fifo)
+        except ConfigError as e:
+            result.append(str(e))
+
+    t = threading.Thread(target=load, daemon=True)
+    t.start()
+    t.join(20)
+    if t.is_alive():  # blocked opening the FIFO: give it a writer so the thread ends, then fail
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        t.join(5)
+        pytest.fail("load_config blocked on a FIFO")
+    assert result == [f"{fifo}: not a regular file (a FIFO)"]
+
+
+@pytest.mark.parametrize("dev,kind", [("/dev/zero", "a character device"), ("/dev/null", "a character device")])
+def test_device_is_refused(dev, kind):
+    with pytest.raises(ConfigError) as ei:
+        load_config(dev)
+    assert str(ei.value) == f"{dev}: not a regular file ({kind})"
+
+
+def test_socket_is_refused(tmp_path):
+    import socket
+
+    path = tmp_path / "lp.sock"
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.bind(str(path))
+        with pytest.raises(ConfigError) as ei:
+            load_config(path)
+        assert str(ei.value) == f"{path}: not a regular file (a socket)"
+    finally:
+        s.close()
+
+
+def test_size_limit_is_1_mib(tmp_path):
+    p = tmp_path / "lp.toml"
+    pad = MAX_CONFIG_BYTES - len(EXAMPLE.encode()) - 1
+    p.write_text("#" * pad + "\n" + EXAMPLE)
+    assert p.stat().st_size == MAX_CONFIG_BYTES == 1 << 20
+    assert load_config(p).daemon.host == "h0"  # exactly 1 MiB: fine
+    p.write_text("#" * (pad + 1) + "\n" + EXAMPLE)
+    with pytest.raises(ConfigError) as ei:
+        load_config(p)
+    assert str(ei.value) == f"{p}: too large ({MAX_CONFIG_BYTES + 1} bytes; a config file is at most 1 MiB)"
+
+
+def test_read_is_bounded_even_if_the_file_grows(tmp_path, monkeypatch):
+    """stat(2) said small, the file is larger when read: at most limit + 1 bytes are read."""
+    p = tmp_path / "lp.toml"
+    p.write_bytes(b"#" * (3 * MAX_CONFIG_BYTES))
+    real_stat, real_fstat = os.stat, os.fstat
+
+    def small(st):
+        return os.stat_result((st.st_mode, st.st_ino, st.st_dev, st.st_nlink, st.st_uid, st.st_gid, 10,
+                               st.st_atime, st.st_mtime, st.st_ctime))
+
+    reads: list[int] = []
+    real_fdopen = os.fdopen
+
+    def fdopen(fd, *a, **kw):
+        f = real_fdopen(fd, *a, **kw)
+        real_read = f.read
+        f.read = lambda n=-1: (reads.append(n), real_read(n))[1]
+        return f
+
+    monkeypatch.setattr(os, "stat", lambda path, *a, **kw: small(real_stat(path, *a, **kw)))
+    monkeypatch.setattr(os, "fstat", lambda fd: small(real_fstat(fd)))
+    monkeypatch.setattr(os, "fdopen", fdopen)
+    with pytest.raises(ConfigError) as ei:
+        load_config(p)
+    monkeypatch.undo()
+    assert reads == [MAX_CONFIG_BYTES + 1]
+    assert str(ei.value) == f"{p}: too large (over {MAX_CONFIG_BYTES} bytes; a config file is at most 1 MiB)"
+
+
+def test_utf8_bom_is_accepted(tmp_path):
+    p = tmp_path / "lp.toml"
+    p.write_bytes(b"\xef\xbb\xbf" + EXAMPLE.encode())
+    assert load_config(p) == parse_config(EXAMPLE)
+    assert parse_config("\ufeff" + EXAMPLE) == parse_config(EXAMPLE)
+
+
+def test_bom_keeps_toml_positions_and_only_the_first_is_dropped(tmp_path):
+    with pytest.raises(ConfigError) as ei:
+        parse_config("\ufeff[daemon\n", "x.toml")
+    assert "(at line 1, column 8)" in str(ei.value)
+    with pytest.raises(ConfigError) as ei:
+        parse_config("\ufeff\ufeff" + EXAMPLE, "x.toml")
+    assert "not valid TOML" in str(ei.value)

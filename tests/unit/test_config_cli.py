@@ -6,7 +6,9 @@ traceback; the example in deploy/ is byte for byte what the schema generates and
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -70,8 +72,20 @@ def edit(old: str, new: str, text: str = GOOD) -> str:
 # ----------------------------------------------------------------------------- check
 
 
+def key_file(tmp_path: Path, mode: int = 0o600, name: str = "notice.key") -> Path:
+    k = tmp_path / name
+    k.write_text("0123456789abcdef0123456789abcdef\n")
+    k.chmod(mode)
+    return k
+
+
+def good(tmp_path: Path) -> str:
+    """GOOD with a notice key file that exists (mode 0600)."""
+    return edit("/etc/linkpass/notice.key", str(key_file(tmp_path)))
+
+
 def test_check_ok(tmp_path, capsys):
-    p = write(tmp_path, GOOD)
+    p = write(tmp_path, good(tmp_path))
     rc, out, err = run(capsys, "config", "check", str(p))
     assert (rc, err) == (0, "")
     assert out == f"{p}: OK (host h0, mode host-ip, 2 rails, 1 peer)\n"
@@ -229,6 +243,201 @@ def test_one_line_problem_of_load_config_is_the_first_of_the_list():
     assert str(ei.value) == f"{ei.value.problems[0]} (and 2 more problem(s))"
 
 
+# ----------------------------------------------------------------------------- check: the files the config names
+
+AUTO = """\
+[daemon]
+host = "h0"
+host_ip = "198.19.0.1"
+
+[topology]
+rails = "auto"
+peers_file = "PEERS"
+"""
+
+
+def check(capsys, p: Path, *flags: str) -> tuple[int, str, list[str]]:
+    rc, out, err = run(capsys, "config", "check", *flags, str(p))
+    return rc, out, err.splitlines()
+
+
+def test_missing_notice_key_is_a_problem_as_for_the_daemon(tmp_path, capsys):
+    p = write(tmp_path, GOOD)
+    rc, out, err = check(capsys, p)
+    assert (rc, out) == (2, "")
+    assert err == [f"{p}: daemon.notice_key_file: /etc/linkpass/notice.key: notice key file does not exist"]
+
+
+@pytest.mark.parametrize("mode", [0o644, 0o640, 0o604])
+def test_notice_key_readable_by_others_is_a_problem(tmp_path, capsys, mode):
+    k = key_file(tmp_path, mode)
+    p = write(tmp_path, edit("/etc/linkpass/notice.key", str(k)))
+    rc, out, err = check(capsys, p)
+    assert (rc, out) == (2, "")
+    assert err == [f"{p}: daemon.notice_key_file: {k}: notice key file has mode {mode:04o}; it must be 0600 "
+                   "(no group/other access)"]
+
+
+def test_no_files_skips_the_file_checks(tmp_path, capsys):
+    p = write(tmp_path, GOOD)  # its key file does not exist here
+    rc, out, err = check(capsys, p, "--no-files")
+    assert (rc, err) == (0, [])
+    assert out == f"{p}: OK (host h0, mode host-ip, 2 rails, 1 peer; files not checked)\n"
+
+
+def test_check_help_documents_no_files(capsys):
+    rc, out, _ = run(capsys, "config", "check", "--help")
+    assert rc == 0 and "--no-files" in out and "notice_key_file" in out
+
+
+def test_auto_peers_file_missing_or_a_fifo_is_a_problem(tmp_path, capsys):
+    peers = tmp_path / "peers.txt"
+    p = write(tmp_path, AUTO.replace("PEERS", str(peers)))
+    rc, _, err = check(capsys, p)
+    assert rc == 2 and err == [f"{p}: topology.peers_file: {peers}: no such file"]
+    os.mkfifo(peers)
+    rc, _, err = check(capsys, p)  # a FIFO without a writer: opened, it would block forever
+    assert rc == 2 and err == [f"{p}: topology.peers_file: {peers}: not a regular file (a FIFO)"]
+
+
+def test_auto_peers_file_bad_lines_are_warnings(tmp_path, capsys):
+    peers = tmp_path / "peers.txt"
+    peers.write_text("h1 198.19.0.2\nh2 198.19.0.300\n# comment\nh3\n")
+    p = write(tmp_path, AUTO.replace("PEERS", str(peers)))
+    rc, out, err = check(capsys, p)
+    assert rc == 0 and out == f"{p}: OK (host h0, mode host-ip, rails from discovery, 0 peers + {peers}; 2 warnings)\n"
+    assert err == [f'{p}: warning: topology.peers_file: {peers}: line 2: "198.19.0.300" is not an IPv4 address',
+                   f'{p}: warning: topology.peers_file: {peers}: line 4: expected `name host_ip`, got "h3"']
+
+
+def test_peers_file_without_auto_is_not_read_and_says_so(tmp_path, capsys):
+    p = write(tmp_path, good(tmp_path) + f'\n[topology]\npeers_file = "{tmp_path / "none.txt"}"\n')
+    rc, out, err = check(capsys, p)
+    assert rc == 0 and out.endswith("; 1 warning)\n")
+    assert err == [f'{p}: warning: topology.peers_file: not read: peers come from [[peers]] unless [topology] rails = "auto"']
+
+
+def _mqtt(tmp_path: Path, **files: Path) -> str:
+    opts = "".join(f'{k} = "{v}"\n' for k, v in files.items())
+    return good(tmp_path) + f"\n[mqtt]\nenabled = true\nusername = \"lp\"\n{opts}"
+
+
+def test_mqtt_files_are_warnings_not_problems(tmp_path, capsys):
+    pw = tmp_path / "mqtt.pw"
+    pw.write_text("s3cret\n")
+    pw.chmod(0o644)
+    ca = tmp_path / "ca.pem"
+    ca.write_text("not a certificate\n")
+    p = write(tmp_path, _mqtt(tmp_path, password_file=pw, ca_file=ca))
+    rc, out, err = check(capsys, p)
+    assert rc == 0 and out == f"{p}: OK (host h0, mode host-ip, 2 rails, 1 peer; 2 warnings)\n"
+    assert len(err) == 2, err
+    # the wording after the path is the MQTT adapter's (check_private_file, build_tls_context)
+    assert err[0].startswith(f"{p}: warning: mqtt.password_file: {pw}: ") and "0644" in err[0], err[0]
+    assert err[1].startswith(f"{p}: warning: mqtt.ca_file: {ca}: not usable CA certificates (PEM)"), err[1]
+    assert "s3cret" not in "".join(err)
+    pw.chmod(0o600)
+    ca.unlink()
+    rc, out, err = check(capsys, p)
+    assert rc == 0 and err == [f"{p}: warning: mqtt.ca_file: {ca}: no such file"] and out.endswith("; 1 warning)\n")
+
+
+def test_mqtt_key_file_and_missing_password_file(tmp_path, capsys):
+    cert = tmp_path / "client.pem"
+    cert.write_text("x\n")
+    key = tmp_path / "client.key"
+    key.write_text("x\n")
+    key.chmod(0o604)
+    p = write(tmp_path, _mqtt(tmp_path, password_file=tmp_path / "nope", cert_file=cert, key_file=key))
+    rc, out, err = check(capsys, p)
+    assert rc == 0 and out.endswith("; 2 warnings)\n") and len(err) == 2, err
+    assert err[0] == f"{p}: warning: mqtt.password_file: {tmp_path / 'nope'}: no such file"
+    assert err[1].startswith(f"{p}: warning: mqtt.key_file: {key}: ") and "0604" in err[1], err[1]
+
+
+def test_mqtt_files_are_not_read_when_mqtt_is_off(tmp_path, capsys):
+    text = _mqtt(tmp_path, password_file=tmp_path / "nope").replace("enabled = true", "enabled = false")
+    p = write(tmp_path, text)
+    rc, out, err = check(capsys, p)
+    assert (rc, err) == (0, []) and out.endswith("1 peer)\n")
+
+
+# ----------------------------------------------------------------------------- check: the config file itself
+
+
+def test_config_that_is_a_fifo_or_a_device_is_refused(tmp_path, capsys):
+    fifo = tmp_path / "fifo.toml"
+    os.mkfifo(fifo)
+    rc, out, err = check(capsys, fifo)
+    assert (rc, out, err) == (2, "", [f"{fifo}: not a regular file (a FIFO)"])
+    rc, out, err = check(capsys, Path("/dev/zero"))
+    assert (rc, out, err) == (2, "", ["/dev/zero: not a regular file (a character device)"])
+
+
+def test_config_over_1_mib_is_refused(tmp_path, capsys):
+    big = write(tmp_path, "# " + "x" * (1 << 20) + "\n" + GOOD)
+    rc, out, err = check(capsys, big)
+    n = big.stat().st_size
+    assert (rc, out, err) == (2, "", [f"{big}: too large ({n} bytes; a config file is at most 1 MiB)"])
+
+
+def test_config_with_a_utf8_bom_is_read(tmp_path, capsys):
+    p = write(tmp_path, b"\xef\xbb\xbf" + good(tmp_path).encode())
+    rc, out, err = check(capsys, p)
+    assert (rc, err) == (0, []) and out == f"{p}: OK (host h0, mode host-ip, 2 rails, 1 peer)\n"
+
+
+@pytest.mark.parametrize("value,want", [
+    ('"x"', 'daemon: must be a table ([daemon]), got a string "x"'),
+    ("5", "daemon: must be a table ([daemon]), got an integer 5"),
+    ("[1, 2]", "daemon: must be a table ([daemon]), got an array [1, 2]"),
+])
+def test_section_of_the_wrong_type_in_toml_words(tmp_path, capsys, value, want):
+    p = write(tmp_path, f"daemon = {value}\n[[rails]]\nid = 0\nnetdev = \"r0\"\n")
+    rc, _, err = check(capsys, p)
+    assert rc == 2 and err == [f"{p}: {want}"]
+
+
+# ----------------------------------------------------------------------------- the daemon refuses the same
+
+
+def _daemon_line(cfg: Path, tmp_path: Path) -> str:
+    """What `linkpass run --config cfg` prints (one line, exit 2) when the config is refused.
+
+    Run in a network namespace of its own (when root) so that a daemon that did start by
+    mistake could touch no route of this host; it is killed after 30 s."""
+    argv = [sys.executable, "-m", "linkpass.cli", "run", "--config", str(cfg)]
+    if os.geteuid() == 0 and shutil.which("unshare"):
+        argv = ["unshare", "--net", "--"] + argv
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=30, cwd=ROOT)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    (line,) = [ln for ln in r.stderr.splitlines() if ln.startswith("linkpass: ")]  # after any log lines
+    return line[len("linkpass: "):]
+
+
+def test_check_says_what_the_daemon_says(tmp_path, capsys):
+    """`config check` and `linkpass run` refuse the same files with the same line (one daemon
+    run per case: the daemon stops at the first problem)."""
+    sock = f'control_socket = "{tmp_path}/lp.sock"\nreroute = "notify-only"\n'
+    base = good(tmp_path).replace('host_ip = "198.19.0.1"\n', 'host_ip = "198.19.0.1"\n' + sock, 1)
+    base += "\n[nccl]\nwrite_env_file = false\n"
+    fifo = tmp_path / "peers.fifo"
+    os.mkfifo(fifo)
+    (tmp_path / "sys").mkdir()
+    cases = {
+        "key-missing": base.replace(str(tmp_path / "notice.key"), str(tmp_path / "none.key")),
+        "key-0644": base.replace(str(tmp_path / "notice.key"), str(key_file(tmp_path, 0o644, "open.key"))),
+        "peers-missing": AUTO.replace("PEERS", str(tmp_path / "none.txt")) + f'sysfs_root = "{tmp_path}/sys"\n',
+        "peers-fifo": AUTO.replace("PEERS", str(fifo)) + f'sysfs_root = "{tmp_path}/sys"\n',
+    }
+    for name, text in cases.items():
+        p = write(tmp_path, text, f"{name}.toml")
+        rc, _, err = check(capsys, p)
+        assert rc == 2 and err == [_daemon_line(p, tmp_path)], name
+    rc, _, err = check(capsys, fifo)  # the config itself
+    assert rc == 2 and err == [_daemon_line(fifo, tmp_path)] == [f"{fifo}: not a regular file (a FIFO)"]
+
+
 # ----------------------------------------------------------------------------- show
 
 
@@ -298,8 +507,8 @@ def test_example_in_deploy_matches_the_generator_byte_for_byte():
 
 
 def test_example_passes_check_and_cli_prints_it(capsys):
-    rc, out, err = run(capsys, "config", "check", str(ROOT / EXAMPLE_PATH))
-    assert rc == 0 and err == "" and out.endswith("OK (host gpu-node-07, mode host-ip, 1 rail, 1 peer)\n")
+    rc, out, err = run(capsys, "config", "check", "--no-files", str(ROOT / EXAMPLE_PATH))  # its key is a node's
+    assert rc == 0 and err == "" and out.endswith("OK (host gpu-node-07, mode host-ip, 1 rail, 1 peer; files not checked)\n")
     rc, out, _ = run(capsys, "config", "show", "--defaults", "--example")
     assert rc == 0 and out == render_example()
 

@@ -143,9 +143,34 @@ def rendered(tmp_path_factory, pod) -> Path:
 
 
 def test_configmap_toml_passes_config_check(rendered, capsys):
-    rc = cli_main(["config", "check", str(rendered)])
+    rc = cli_main(["config", "check", "--no-files", str(rendered)])  # its files are the pod's
     out, err = capsys.readouterr()
     assert rc == 0 and err == "" and "OK (host gpu-node-07, mode per-rail-ip, rails from discovery" in out
+
+
+def test_init_container_sees_the_files_config_check_reads(rendered, pod, main, tmp_path, capsys):
+    """The init container's `config check` reads the notice key and peers.txt from the volumes the
+    daemon reads them from; with those files laid out as the pod has them, the check passes."""
+    (init,) = pod["initContainers"]
+    cfg = load_config(rendered)
+    for path in (cfg.daemon.notice_key_file, cfg.topology.peers_file):
+        _, _, v_init = mount_of(path, init, pod)
+        assert v_init == mount_of(path, main, pod)[2], path
+    # the pod's files under tmp_path: peers.txt from the ConfigMap, the key as the Secret mounts it (0400)
+    root = tmp_path / "etc-linkpass"
+    peers = root / PurePosixPath(cfg.topology.peers_file).relative_to("/etc/linkpass")
+    key = root / PurePosixPath(cfg.daemon.notice_key_file).relative_to("/etc/linkpass")
+    peers.parent.mkdir(parents=True)
+    key.parent.mkdir(parents=True)
+    peers.write_text(one("ConfigMap")["data"][peers.name])
+    key.write_text("0123456789abcdef0123456789abcdef\n")
+    key.chmod(mount_of(cfg.daemon.notice_key_file, main, pod)[2]["secret"]["defaultMode"])
+    here = tmp_path / "linkpass.toml"
+    here.write_text(rendered.read_text().replace('"/etc/linkpass/', f'"{root}/'))
+    rc = cli_main(["config", "check", str(here)])
+    out, err = capsys.readouterr()
+    assert (rc, err) == (0, ""), err
+    assert out.endswith("rails from discovery, 0 peers + " + str(peers) + ")\n"), out
 
 
 def test_init_container_checks_what_the_daemon_reads(pod, main):
