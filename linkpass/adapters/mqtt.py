@@ -7,7 +7,11 @@ every topic and payload):
 topic           retained  QoS   what
 ==============  ========  ====  ===================================================================
 ``status``      yes       qos   ``online`` at connect; ``offline`` as the last will (connection
-                                lost, daemon killed) and on a clean stop.
+                                lost, daemon killed) and on a clean stop.  The will's payload
+                                (``reason`` = :data:`WILL_REASON`) is fixed when the connection
+                                is made (MQTT CONNECT carries it), so its ``ts`` is the connect
+                                time, not the time of the loss: the broker publishes it when it
+                                notices the loss (socket closed, or 1.5 x keepalive silent).
 ``state``       yes       qos   rails (state, usable, reason, loss), peers, plan generation, outbox
                                 depth; republished after rail, plan, peer and incident changes
                                 (coalesced: at most every ``STATE_MIN_INTERVAL_S``, events first).
@@ -20,6 +24,9 @@ topic           retained  QoS   what
 sent again), ``host``, ``seq`` and ``ts`` (UTC, RFC 3339).  ``seq`` of an event is the host's
 event sequence number (1, 2, ... without gaps, kept across restarts in the outbox); ``seq``
 of the other payloads is the last event sequence number handed out when they were built.
+An event's ``ts`` is when it happened (wall clock now minus the monotonic age of the event);
+``ts`` never decreases as ``seq`` grows: when the wall clock (or the age arithmetic) would go
+backwards, the event gets the previous event's ``ts`` (kept in the outbox, across restarts).
 
 Events: which engine history entries (:class:`linkpass.core.model.HistoryEntry`) and torch
 hook reports become events (:class:`AlertMapper`):
@@ -59,7 +66,12 @@ Delivery (no alert lost): :meth:`MqttPublisher.on_entries` writes events to the 
 synchronously, inside the engine step, *before* anything is sent; the publisher task sends
 the oldest rows (up to ``WINDOW`` in flight, in order on one connection) and removes each
 only when the broker acknowledged it.  After an outage or a restart the outbox is sent again
-from its oldest row: at-least-once, in order; subscribers de-duplicate by ``id``.
+from its oldest row: at-least-once, in order; subscribers de-duplicate by ``id``.  That
+reaches every subscriber only if it has a persistent session (fixed client id, clean session
+off / MQTT 5 session expiry, QoS 1; a broker with ``persistence true`` when the broker itself
+restarts): after a broker restart we send the outbox at once, usually before clean-session
+subscribers are back, and the broker delivers only to the sessions it has
+(``linkpass alerts tail --session NAME``; README "MQTT alerts").
 
 MQTT 5 (``protocol = "auto"``, the default) gives events a message expiry
 (``message_expiry_s``) and user properties (``schema``, ``host``, ``id``, ``seq``,
@@ -88,7 +100,7 @@ import uuid
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 
 import aiomqtt
 from paho.mqtt.packettypes import PacketTypes
@@ -104,6 +116,9 @@ EVENT_SCHEMA = "linkpass.event/v1"
 STATE_SCHEMA = "linkpass.state/v1"
 TOPOLOGY_SCHEMA = "linkpass.topology/v1"
 STATUS_SCHEMA = "linkpass.host-status/v1"
+#: ``reason`` of the last will (``status`` ``offline`` published by the broker on connection loss);
+#: a clean stop says ``"daemon stopped"``, a connect ``"connected"``
+WILL_REASON = "connection lost (last will)"
 #: events in flight (published, not yet acknowledged) at once (bench/mqtt_outbox.py: 32 to 100
 #: give the same throughput; 20 and fewer in lock-step batches fell to a few hundred a second)
 WINDOW = 64
@@ -135,6 +150,21 @@ def utc_ts(epoch_s: float | None = None) -> str:
     """RFC 3339 UTC timestamp with microseconds: ``2026-11-29T21:50:16.266842Z``."""
     t = datetime.fromtimestamp(time.time() if epoch_s is None else epoch_s, tz=timezone.utc)
     return t.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+
+def utc_ts_us(epoch_us: int) -> str:
+    """:func:`utc_ts` of an integer time in µs since the epoch (exact: no float rounding, so
+    a larger ``epoch_us`` never gives a smaller string)."""
+    return (_EPOCH + timedelta(microseconds=epoch_us)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def broker_address(host: str, port: int) -> str:
+    """``host:port`` for messages, IPv6 literals in brackets (RFC 3986 section 3.2.2):
+    ``"[::1]:1883"``, ``"10.0.0.1:1883"``, ``"mqtt.example.net:8883"``."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def _dumps(doc: Mapping) -> bytes:
@@ -441,6 +471,7 @@ class MqttPublisher:
         self._task: asyncio.Task | None = None
         self._state_at = -1e9  # monotonic s of the last state publish
         self._state_timer: asyncio.TimerHandle | None = None
+        self._clock_back = False  # a wall-clock step back was logged
         self.outbox = outbox if outbox is not None else self._open_outbox()
 
     # ---------------------------------------------------------------- outbox
@@ -504,8 +535,19 @@ class MqttPublisher:
     def enqueue(self, a: Alert) -> int | None:
         """Store one event in the outbox (numbered there) and wake the sender; returns its seq,
         None when it could not be stored (counted in ``put_errors``, logged)."""
-        now_mono, now_wall = time.monotonic_ns(), time.time()
-        ts = utc_ts(now_wall - max(0, now_mono - a.t_mono_ns) / 1e9)
+        now_mono, now_wall_ns = time.monotonic_ns(), time.time_ns()
+        # when it happened: now minus its monotonic age; never before the previous event's ts
+        raw_us = (now_wall_ns - max(0, now_mono - a.t_mono_ns)) // 1000
+        last_us = self.outbox.last_ts_us
+        ts_us = max(raw_us, last_us)
+        if last_us - raw_us > 1_000_000:  # the wall clock stepped back (not just jitter): say so once
+            if not self._clock_back:
+                log.warning("mqtt: the wall clock is %.1f s behind the last event's ts; event ts stays at %s until it "
+                            "catches up (ts never decreases with seq)", (last_us - raw_us) / 1e6, utc_ts_us(last_us))
+            self._clock_back = True
+        elif raw_us >= last_us:
+            self._clock_back = False
+        ts = utc_ts_us(ts_us)
         gen = self.mapper.generation
 
         def build(seq: int) -> bytes:
@@ -513,7 +555,7 @@ class MqttPublisher:
                            "event": a.event, "severity": "critical" if a.critical else "info", "generation": gen,
                            "t_mono_ns": a.t_mono_ns, **a.fields})
         try:
-            seq = self.outbox.put(build, critical=a.critical)
+            seq = self.outbox.put(build, critical=a.critical, ts_us=ts_us)
         except Exception as e:  # sqlite3.Error (disk full, I/O error), or an unserialisable field (a bug)
             self.counters["put_errors"] += 1
             self._error(f"outbox {self.outbox.path}: cannot store a {a.event} event: {e}; event lost", exc=False)
@@ -550,7 +592,7 @@ class MqttPublisher:
             props.PayloadFormatIndicator = 1
             props.ContentType = "application/json"
             props.UserProperty = [("schema", STATUS_SCHEMA), ("host", self.host)]
-        return aiomqtt.Will(self.topic("status"), self.status_payload("offline", "connection lost (last will)"),
+        return aiomqtt.Will(self.topic("status"), self.status_payload("offline", WILL_REASON),
                             qos=self.mc.qos, retain=True, properties=props)
 
     # ---------------------------------------------------------------- connection
@@ -622,7 +664,7 @@ class MqttPublisher:
         """One connection, from connect to loss (or clean stop).  Returns True to retry at once
         (MQTT 5 refused: next try is 3.1.1).  Expected problems are logged here, never raised."""
         mc = self.mc
-        where = f"{mc.host}:{mc.port}"
+        where = broker_address(mc.host, mc.port)
         try:
             client = self._client()
             async with client:
@@ -817,7 +859,7 @@ class MqttPublisher:
     def status(self) -> dict:
         """JSON-ready: broker, protocol, connected, topics prefix, outbox depth/drops, counters."""
         return {
-            "broker": f"{self.mc.host}:{self.mc.port}",
+            "broker": broker_address(self.mc.host, self.mc.port),
             "client_id": self.client_id,
             "prefix": self.prefix,
             "protocol": self.protocol,

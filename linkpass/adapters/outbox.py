@@ -10,11 +10,21 @@ de-duplicate by the event's ``id``.
 Schema (``user_version`` 1)::
 
     events(id INTEGER PRIMARY KEY AUTOINCREMENT, seq INTEGER, critical INTEGER, payload BLOB)
-    meta(key TEXT PRIMARY KEY, value INTEGER)   -- next_seq, dropped_total
+    meta(key TEXT PRIMARY KEY, value INTEGER)   -- next_seq, dropped_total, last_ts_us
 
 * ``seq``: per-host event sequence number, 1, 2, 3, ... assigned by :meth:`Outbox.put` in the
   same transaction as the row, so it keeps counting across restarts (``meta.next_seq``) and
   never repeats, even when the outbox was emptied.
+* ``last_ts_us``: the latest event wall-clock time (µs since the epoch) handed to
+  :meth:`Outbox.put`, stored in the same transaction as the row, so the publisher can keep
+  event ``ts`` non-decreasing in ``seq`` order across restarts (:attr:`Outbox.last_ts_us`).
+* File modes: the database, its ``-wal`` and ``-shm`` files and ``<path>.lock`` are 0600
+  (the directory, when created here, 0700).  The database file is created 0600 *before*
+  sqlite opens it, and sqlite creates the WAL and shared-memory files with the database
+  file's permissions (sqlite os_unix.c ``findCreateFileMode()`` and
+  ``unixOpenSharedMemory()``), so nothing is ever world-readable, whatever the umask; files
+  left by an older linkpass with wider modes are narrowed to 0600 at open.  (No process-wide
+  ``os.umask`` change.)
 * Durability: ``journal_mode=WAL``; ``synchronous=NORMAL`` by default (a committed event
   survives the daemon being killed: the WAL is in the kernel's page cache; only a power loss
   or kernel crash can lose the last commits) or ``FULL`` (fsync per event: survives power
@@ -135,6 +145,7 @@ class Outbox:
         self._depth = self._db.execute("SELECT count(*) FROM events").fetchone()[0]
         self._next_seq = self._meta("next_seq", 1)
         self.dropped_total = self._meta("dropped_total", 0)
+        self._last_ts_us = self._meta("last_ts_us", 0)
         # a restored or edited database may hold rows beyond next_seq: never reuse a number
         top = self._db.execute("SELECT max(seq) FROM events").fetchone()[0]
         if isinstance(top, int) and top >= self._next_seq:
@@ -157,6 +168,25 @@ class Outbox:
                               "mqtt.outbox_path?)") from None
         self._lock_fd = fd
 
+    def _private_files(self) -> None:
+        """Create the database file 0600 if it is missing (sqlite then creates ``-wal`` and
+        ``-shm`` with the same mode) and narrow existing files to 0600."""
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        except IsADirectoryError:
+            return  # sqlite says what is wrong
+        except OSError as e:
+            raise OutboxError(f"{self.path}: cannot create the outbox database: {e.strerror or e}") from None
+        os.close(fd)
+        for f in (self.path, self.path + "-wal", self.path + "-shm"):
+            try:
+                if os.stat(f).st_mode & 0o077:
+                    os.chmod(f, 0o600)
+            except FileNotFoundError:
+                pass
+            except OSError as e:  # not ours to change (another owner): say so once
+                log.warning("outbox %s: cannot make %s private (0600): %s", self.path, f, e.strerror or e)
+
     def _open(self) -> sqlite3.Connection:
         if self.path != ":memory:":
             parent = Path(self.path).parent
@@ -164,6 +194,7 @@ class Outbox:
                 parent.mkdir(mode=0o700, parents=True, exist_ok=True)
             except OSError as e:
                 raise OutboxError(f"{self.path}: cannot create directory {parent}: {e.strerror or e}") from None
+            self._private_files()
         try:
             db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=True)
         except sqlite3.OperationalError as e:
@@ -190,11 +221,6 @@ class Outbox:
         except sqlite3.DatabaseError:  # not a database, malformed, not ours: moved aside by the caller
             db.close()
             raise
-        if self.path != ":memory:":
-            try:
-                os.chmod(self.path, 0o600)
-            except OSError:
-                pass
         return db
 
     def _meta(self, key: str, default: int) -> int:
@@ -203,15 +229,18 @@ class Outbox:
 
     # ---------------------------------------------------------------- write
 
-    def put(self, build: Callable[[int], bytes], critical: bool = True) -> int:
+    def put(self, build: Callable[[int], bytes], critical: bool = True, ts_us: int | None = None) -> int:
         """Append one event; returns its sequence number.
 
         Args:
             build: called with the new sequence number; returns the payload (UTF-8 JSON bytes).
             critical: False for events the overflow policy may drop first.
+            ts_us: the event's wall-clock time in the payload (µs since the epoch); becomes
+                :attr:`last_ts_us` when later than it.  The caller keeps ``ts`` non-decreasing
+                by never passing less than :attr:`last_ts_us`.
 
-        The row, the new ``next_seq`` and any overflow drop are one transaction: after a crash
-        either all of it is there or none.
+        The row, the new ``next_seq``, ``last_ts_us`` and any overflow drop are one
+        transaction: after a crash either all of it is there or none.
         """
         seq = self._next_seq
         payload = build(seq)
@@ -228,6 +257,9 @@ class Outbox:
                 dropped += 1
             db.execute("INSERT INTO events (seq, critical, payload) VALUES (?, ?, ?)", (seq, 1 if critical else 0, payload))
             db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('next_seq', ?)", (seq + 1,))
+            new_ts = ts_us if ts_us is not None and ts_us > self._last_ts_us else None
+            if new_ts is not None:
+                db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('last_ts_us', ?)", (new_ts,))
             if dropped:
                 db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('dropped_total', ?)", (self.dropped_total + dropped,))
             db.execute("COMMIT")
@@ -236,6 +268,8 @@ class Outbox:
             raise
         self._next_seq = seq + 1
         self._depth += 1 - dropped
+        if new_ts is not None:
+            self._last_ts_us = new_ts
         if dropped:
             self.dropped_total += dropped
             self._drops_logged += 1
@@ -295,6 +329,11 @@ class Outbox:
     def next_seq(self) -> int:
         """The sequence number the next :meth:`put` will use."""
         return self._next_seq
+
+    @property
+    def last_ts_us(self) -> int:
+        """The latest ``ts_us`` given to :meth:`put` (µs since the epoch; 0 before any; persisted)."""
+        return self._last_ts_us
 
     @property
     def last_seq(self) -> int:

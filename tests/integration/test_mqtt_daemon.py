@@ -177,6 +177,7 @@ def test_20s_broker_outage_while_faults_happen(fabric, broker, tmp_path):
     ev = _events(sub)
     assert len(ev) >= last  # (events may go on after the outage: rails, peers)
     assert [e["seq"] for e in ev] == list(range(1, len(ev) + 1))  # all of them, once each, in order
+    assert [e["ts"] for e in ev] == sorted(e["ts"] for e in ev)  # ts never goes back as seq grows
     faults = [e["rail"] for e in ev if e["event"] == "fault"]
     assert faults[-3:] == [0, 1, 0], faults
     assert [e["event"] for e in ev].count("failback") >= 3

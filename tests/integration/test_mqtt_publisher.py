@@ -10,6 +10,7 @@ import json
 import logging
 import os
 import select
+import signal
 import socket
 import subprocess
 import sys
@@ -148,6 +149,7 @@ def test_events_qos1_retained_state_properties_and_asyncapi(broker, tmp_path):
     events = sub.on("events")
     assert [m["payload"]["event"] for m in events] == EXPECTED
     assert [m["payload"]["seq"] for m in events] == list(range(1, len(EXPECTED) + 1))
+    assert [m["payload"]["ts"] for m in events] == sorted(m["payload"]["ts"] for m in events)  # ts follows seq
     assert all(m["qos"] == 1 and not m["retain"] for m in events)
     props = events[0]["properties"]
     assert props["user-properties"]["id"] == events[0]["payload"]["id"]
@@ -520,3 +522,193 @@ def test_a_failing_state_builder_costs_no_events(broker, tmp_path, caplog):
     asyncio.run(go())
     errs = _errors(caplog)
     assert len(errs) == 1 and "cannot build the state message" in errs[0]
+
+
+# ---------------------------------------------------------------- alerts tail: sessions, the will, connect errors
+
+
+def _tail(out: Path, *args: str) -> subprocess.Popen:
+    """``linkpass alerts tail ARGS`` with stdout to ``out`` (read while it runs)."""
+    with open(out, "w") as f:
+        return subprocess.Popen([sys.executable, "-m", "linkpass.cli", "alerts", "tail", *args], stdout=f,
+                                stderr=subprocess.PIPE, text=True, env=dict(os.environ, COLUMNS="250"))
+
+
+def _json_lines(path: Path) -> list[dict]:
+    """The complete JSON lines a ``--json`` tail wrote so far."""
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            pass  # a line being written
+    return out
+
+
+def _stop(p: subprocess.Popen) -> tuple[int, str]:
+    """Interrupt a tail (Ctrl-C) and return (exit status, stderr)."""
+    if p.poll() is None:
+        p.send_signal(signal.SIGINT)
+    try:
+        _, err = p.communicate(timeout=15)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        _, err = p.communicate(timeout=5)
+    return p.returncode, err
+
+
+def test_alerts_tail_session_gets_every_event_across_a_broker_restart(broker, tmp_path):
+    """Events published while the broker restarts reach `alerts tail --session NAME`, also when
+    the publisher drained its outbox before the tail was back: tail A runs through the outage
+    (it reconnects), tail B is stopped before it and started again only after the publisher
+    has sent everything.  A clean-session tail started then (no --session) gets none of it:
+    that is what --session is for."""
+    addr = broker.address
+    a = _tail(tmp_path / "a.jsonl", "--broker", addr, "--json", "--session", "t-noc-a", "--timeout", "60")
+    b1 = _tail(tmp_path / "b1.jsonl", "--broker", addr, "--json", "--session", "t-noc-b", "--timeout", "60")
+    procs = [a, b1]
+    try:
+        broker.wait_subscribed("linkpass/v1/+/events", client_id="t-noc-a")
+        broker.wait_subscribed("linkpass/v1/+/events", client_id="t-noc-b")
+
+        async def go():
+            pub = _publisher(_section(broker, tmp_path))
+            pub.start()
+            await _until(lambda: pub.connected, what="connect")
+            for i in range(3):
+                pub.enqueue(Alert("fault", True, {"rail": 0, "i": i}, time.monotonic_ns()))
+            await _until(lambda: pub.depth() == 0, what="first events acknowledged")
+            await _until(lambda: len(_json_lines(tmp_path / "b1.jsonl")) >= 3, what="tail B printed the first events")
+            rc, err = await asyncio.to_thread(_stop, b1)  # B goes away before the outage
+            assert rc == 0, err
+            broker.stop()
+            await _until(lambda: not pub.connected, what="publisher to notice the outage")
+            for i in range(3, 10):  # events while the broker is down
+                pub.enqueue(Alert("fault", True, {"rail": 0, "i": i}, time.monotonic_ns()))
+            await asyncio.sleep(1.0)  # a short outage
+            broker.start()
+            await _until(lambda: pub.depth() == 0, timeout=20, what="outbox drained after the restart")
+            await pub.close()
+        asyncio.run(go())
+        # only now, with everything already at the broker, B comes back, and a clean-session tail starts
+        b2 = _tail(tmp_path / "b2.jsonl", "--broker", addr, "--json", "--session", "t-noc-b", "--timeout", "60")
+        c = _tail(tmp_path / "c.jsonl", "--broker", addr, "--json", "--timeout", "2")
+        procs += [b2, c]
+        want = list(range(1, 11))
+
+        def b_seqs():
+            return [d["seq"] for d in dedup([{"payload": d} for d in _json_lines(tmp_path / "b1.jsonl") + _json_lines(tmp_path / "b2.jsonl")])]
+        wait_for(lambda: b_seqs() == want, timeout=20, what="tail B (restarted, same session) to have events 1..10")
+        wait_for(lambda: len(_json_lines(tmp_path / "a.jsonl")) >= 10, timeout=20, what="tail A to have 10 events")
+        rc_c, err_c = _stop(c)
+        rc_a, err_a = _stop(a)
+        rc_b, err_b = _stop(b2)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.communicate(timeout=5)
+    got_a = _json_lines(tmp_path / "a.jsonl")
+    assert [d["seq"] for d in got_a] == want, got_a  # once each, in order, nothing missed
+    assert [d["i"] for d in got_a] == list(range(10))
+    assert rc_a == 0 and "reconnected to" in err_a and "session t-noc-a" in err_a, err_a
+    assert "Traceback" not in err_a + err_b
+    assert b_seqs() == want and rc_b == 0
+    assert [d["seq"] for d in _json_lines(tmp_path / "b2.jsonl")][-7:] == list(range(4, 11))
+    # without a session nothing of it comes: the broker had delivered everything before this tail was there
+    assert rc_c == 0 and _json_lines(tmp_path / "c.jsonl") == [], err_c
+
+
+def test_alerts_tail_status_shows_the_last_will_as_such(broker, tmp_path):
+    """A publisher killed with SIGKILL: the broker publishes its will, whose ts is its connect
+    time (before the online message).  `alerts tail --status` does not show it as the time of
+    the loss: live, at the time it arrived; retained, with no time."""
+    sub = Subscriber(broker, ["linkpass/v1/h0/status"], client_id="t-will")
+    sub.wait_connected()
+    live = _tail(tmp_path / "live.txt", "--broker", broker.address, "--host", "h0", "--status", "--timeout", "30")
+    try:
+        broker.wait_subscribed("linkpass/v1/h0/status", count=2)
+        script = (
+            "import asyncio, os, signal\n"
+            "from linkpass.adapters.mqtt import MqttPublisher\n"
+            "from linkpass.config import MqttSection\n"
+            "async def main():\n"
+            f"    pub = MqttPublisher(MqttSection(enabled=True, host={broker.host!r}, port={broker.port}, "
+            f"outbox_path={str(tmp_path / 'will.sqlite')!r}), 'h0', {{0: 'rail0'}})\n"
+            "    pub.start()\n"
+            "    while pub.counters['connects'] == 0:\n"
+            "        await asyncio.sleep(0.02)\n"
+            "    await asyncio.sleep(0.5)\n"
+            "    os.kill(os.getpid(), signal.SIGKILL)\n"
+            "asyncio.run(main())\n")
+        killed = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60)
+        assert killed.returncode == -signal.SIGKILL, killed.stderr
+        wait_for(lambda: "OFFLINE" in (tmp_path / "live.txt").read_text(), what="the will at the tail")
+        rc, err = _stop(live)
+    finally:
+        if live.poll() is None:
+            live.kill()
+            live.communicate(timeout=5)
+    msgs = [m["payload"] for m in sub.on("/status")]
+    assert [m["status"] for m in msgs] == ["online", "offline"] and msgs[1]["reason"] == "connection lost (last will)"
+    online, will = msgs
+    assert will["ts"] < online["ts"]  # the will was composed at connect: why the tail words it so
+    lines = (tmp_path / "live.txt").read_text().splitlines()
+    assert rc == 0 and len(lines) == 2, (lines, err)
+    assert lines[0].startswith(online["ts"]) and "ONLINE" in lines[0]
+    when = lines[1].split()[0]
+    assert "OFFLINE" in lines[1] and when >= online["ts"], lines[1]  # shown when it arrived
+    assert f"connection lost (last will, set at connect {will['ts']};" in lines[1]
+    # a tail started later gets the retained will: no time for it
+    late = subprocess.run([sys.executable, "-m", "linkpass.cli", "alerts", "tail", "--broker", broker.address, "--host", "h0",
+                           "--status", "--timeout", "1.5"], capture_output=True, text=True, timeout=30,
+                          env=dict(os.environ, COLUMNS="250"))
+    assert late.returncode == 0, late.stderr
+    (line,) = late.stdout.splitlines()
+    assert line.startswith("- ") and "OFFLINE" in line and f"set at connect {will['ts']}; retained" in line
+    sub.close()
+
+
+def test_alerts_tail_against_a_tls_port_is_one_clear_line(tmp_path, tls_files):
+    t = tls_files
+    b = Mosquitto(tmp_path / "broker", tls={"cafile": t["ca"], "certfile": t["server_cert"], "keyfile": t["server_key"]}).start()
+    try:
+        r = subprocess.run([sys.executable, "-m", "linkpass.cli", "alerts", "tail", "--broker", b.address, "--timeout", "30"],
+                           capture_output=True, text=True, timeout=60)
+    finally:
+        b.close()
+    assert r.returncode == 3 and r.stdout == ""
+    assert r.stderr.count("\n") == 1, r.stderr  # no stray library log line
+    assert r.stderr.startswith(f"linkpass: alerts: cannot connect to broker {b.address}: connection "), r.stderr
+    assert "before the broker answered MQTT CONNECT (a TLS port? use --config with [mqtt] tls" in r.stderr
+    assert "failed to receive" not in r.stderr and "timed out" not in r.stderr
+    # an IPv6 broker is written [ADDRESS]:PORT
+    v6 = subprocess.run([sys.executable, "-m", "linkpass.cli", "alerts", "tail", "--broker", "[::1]:1", "--timeout", "5"],
+                        capture_output=True, text=True, timeout=60)
+    assert v6.returncode == 3 and v6.stderr.startswith("linkpass: alerts: cannot connect to broker [::1]:1: "), v6.stderr
+    assert v6.stderr.count("\n") == 1
+
+
+def test_alerts_tail_gives_way_when_its_session_is_taken_over(broker, tmp_path):
+    """Two tails with one --session NAME would throw each other off the broker forever (and
+    each would see only some of the events): one of them stops with one line (exit 3), the
+    other keeps the session."""
+    tails = [_tail(tmp_path / "1.txt", "--broker", broker.address, "--session", "t-dup", "--timeout", "60")]
+    try:
+        broker.wait_subscribed("linkpass/v1/+/events", client_id="t-dup")
+        tails.append(_tail(tmp_path / "2.txt", "--broker", broker.address, "--session", "t-dup", "--timeout", "60"))
+        wait_for(lambda: any(t.poll() is not None for t in tails), timeout=30, what="one of the two tails to stop")
+        gone = next(t for t in tails if t.poll() is not None)
+        kept = next(t for t in tails if t is not gone)
+        _, err = gone.communicate(timeout=10)
+        assert gone.returncode == 3, err
+        last = err.splitlines()[-1]
+        assert last.startswith("linkpass: alerts: session t-dup: ") and "another client using client id t-dup?" in last, err
+        assert "Traceback" not in err
+        time.sleep(2.0)  # two more reconnect rounds of the stopped one would have thrown it off again
+        assert kept.poll() is None
+        assert broker.log_text().count("Client t-dup already connected") >= 3
+    finally:
+        for p in tails:
+            if p.poll() is None:
+                _stop(p)

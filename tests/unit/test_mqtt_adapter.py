@@ -249,3 +249,101 @@ def test_state_is_marked_only_by_kinds_it_shows(tmp_path):
         pub.on_entries([HistoryEntry("rail", 3, {"rail": 0, "old": "DOWN", "new": "HOLD_DOWN", "reason": "up"})])
         assert pub._state_dirty and pub.depth() == 1
     asyncio.run(go())
+
+
+class _Clock:
+    """Stands in for the ``time`` module in linkpass.adapters.mqtt: a wall clock we move."""
+
+    def __init__(self, wall_ns: int):
+        self.wall_ns = wall_ns
+        self.mono_ns = 10**12  # events happen "now": their age is 0
+
+    def time_ns(self) -> int:
+        return self.wall_ns
+
+    def time(self) -> float:
+        return self.wall_ns / 1e9
+
+    def monotonic_ns(self) -> int:
+        return self.mono_ns
+
+    def monotonic(self) -> float:
+        return self.mono_ns / 1e9
+
+
+def test_event_ts_never_decreases_with_seq(tmp_path, monkeypatch, caplog):
+    """The wall clock going back (1 µs of jitter, then a 5 s step) never makes an event's ts
+    earlier than the one before it, also after a restart on the same outbox."""
+    clock = _Clock(1_800_000_000_000_000_000)
+    monkeypatch.setattr(mqtt, "time", clock)
+    path = tmp_path / "o.sqlite"
+
+    def docs(pub):
+        return [r.doc for r in pub.outbox.peek(100)]
+
+    async def go():
+        pub = MqttPublisher(MqttSection(enabled=True), "h0", RAILS, outbox=Outbox(path))
+        for step_ns in (0, 1000, -1000, 2000, -5_000_000_000, 1000, 7_000_000_000):
+            clock.wall_ns += step_ns
+            pub.enqueue(mqtt.Alert("fault", True, {"rail": 0}, clock.monotonic_ns()))
+        got = docs(pub)
+        pub.outbox.close()
+        return got
+    first = asyncio.run(go())
+    ts = [d["ts"] for d in first]
+    assert [d["seq"] for d in first] == list(range(1, 8))
+    assert ts == sorted(ts), ts
+    assert ts[2] == ts[1] and ts[4] == ts[3] == ts[5]  # clamped, not invented
+    assert ts[0] == "2027-01-15T08:00:00.000000Z" and ts[1] == "2027-01-15T08:00:00.000001Z"
+    assert ts[6] > ts[5]  # back to the real time once the clock is past the last ts
+    warned = [r.getMessage() for r in caplog.records if "wall clock" in r.getMessage()]
+    assert len(warned) == 1 and "5.0 s behind" in warned[0], warned  # the step, not the 1 µs jitter
+
+    async def again():  # restarted daemon, clock set back: still no earlier ts than the last one
+        clock.wall_ns -= 60_000_000_000
+        pub = MqttPublisher(MqttSection(enabled=True), "h0", RAILS, outbox=Outbox(path))
+        pub.enqueue(mqtt.Alert("recovery", False, {"rail": 0}, clock.monotonic_ns()))
+        got = docs(pub)
+        pub.outbox.close()
+        return got
+    after = asyncio.run(again())
+    assert after[-1]["seq"] == 8 and after[-1]["ts"] == ts[-1]
+
+
+def test_event_ts_is_when_it_happened():
+    """ts = wall clock now minus the event's monotonic age, exact to the microsecond."""
+    import time
+
+    async def go():
+        pub = MqttPublisher(MqttSection(enabled=True), "h0", RAILS, outbox=Outbox(":memory:"))
+        before = time.time_ns()
+        pub.enqueue(mqtt.Alert("fault", True, {"rail": 0}, time.monotonic_ns() - 3_000_000_000))  # 3 s ago
+        after = time.time_ns()
+        return pub.outbox.peek(1)[0].doc["ts"], before, after
+    ts, before, after = asyncio.run(go())
+    assert mqtt.utc_ts_us((before - 3_000_000_000) // 1000 - 1000) <= ts <= mqtt.utc_ts_us((after - 3_000_000_000) // 1000 + 1000)
+
+
+def test_utc_ts_us_and_broker_address():
+    assert mqtt.utc_ts_us(0) == "1970-01-01T00:00:00.000000Z"
+    assert mqtt.utc_ts_us(1_800_000_000_123_456) == "2027-01-15T08:00:00.123456Z"
+    assert mqtt.utc_ts_us(1_800_000_000_123_456) == mqtt.utc_ts(1_800_000_000.123456)
+    assert mqtt.broker_address("::1", 1883) == "[::1]:1883"
+    assert mqtt.broker_address("fd00::5", 8883) == "[fd00::5]:8883"
+    assert mqtt.broker_address("127.0.0.1", 1883) == "127.0.0.1:1883"
+    assert mqtt.broker_address("mqtt.example.net", 8883) == "mqtt.example.net:8883"
+
+
+def test_status_shows_ipv6_broker_in_brackets():
+    async def go():
+        pub = MqttPublisher(MqttSection(enabled=True, host="::1"), "h0", RAILS, outbox=Outbox(":memory:"))
+        return pub.status()["broker"]
+    assert asyncio.run(go()) == "[::1]:1883"
+
+
+def test_last_will_payload_says_it_is_the_will():
+    async def go():
+        pub = MqttPublisher(MqttSection(enabled=True), "h0", RAILS, outbox=Outbox(":memory:"))
+        return json.loads(pub._will().payload)
+    will = asyncio.run(go())
+    assert will["status"] == "offline" and will["reason"] == mqtt.WILL_REASON == "connection lost (last will)"

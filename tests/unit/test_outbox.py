@@ -211,3 +211,66 @@ def test_one_process_per_outbox_file(tmp_path):
     first.close()
     again = Outbox(p)  # free once the first one is closed
     again.close()
+
+
+def _mode(p) -> int:
+    return stat.S_IMODE(os.stat(p).st_mode)
+
+
+def test_wal_and_shm_files_are_private_whatever_the_umask(tmp_path):
+    """sqlite creates -wal and -shm with the database file's mode: the database is created
+    0600 before sqlite opens it, so all three are 0600 even under umask 022."""
+    p = tmp_path / "o.sqlite"
+    old = os.umask(0o022)
+    try:
+        ob = Outbox(p)
+        ob.put(_ev("x"))
+        for f in (p, f"{p}-wal", f"{p}-shm", f"{p}.lock"):
+            assert os.path.exists(f), f
+            assert _mode(f) == 0o600, (f, oct(_mode(f)))
+        ob.close()
+    finally:
+        os.umask(old)
+
+
+def test_wider_files_of_an_older_outbox_are_narrowed(tmp_path):
+    p = tmp_path / "o.sqlite"
+    old = os.umask(0o022)
+    try:
+        db = sqlite3.connect(p)  # as an older linkpass (or sqlite3 by hand) left it: 0644
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("CREATE TABLE t (x)")
+        db.commit()
+        assert _mode(p) == 0o644 and _mode(f"{p}-wal") == 0o644 and _mode(f"{p}-shm") == 0o644
+        ob = Outbox(p)  # while the other connection still holds -wal and -shm open
+        ob.put(_ev("x"))
+        for f in (p, f"{p}-wal", f"{p}-shm"):
+            assert _mode(f) == 0o600, (f, oct(_mode(f)))
+        db.close()
+        ob.close()
+    finally:
+        os.umask(old)
+
+
+def test_last_ts_is_kept_with_the_row_and_never_goes_down(tmp_path):
+    p = tmp_path / "o.sqlite"
+    ob = Outbox(p)
+    assert ob.last_ts_us == 0
+    ob.put(_ev("a"), ts_us=2_000_000)
+    ob.put(_ev("b"), ts_us=1_000_000)  # an earlier time does not lower it
+    ob.put(_ev("c"))  # nor does no time
+    assert ob.last_ts_us == 2_000_000
+    del ob  # as after kill -9
+    ob = Outbox(p)
+    assert ob.last_ts_us == 2_000_000
+    ob.put(_ev("d"), ts_us=3_000_000)
+    ob.close()
+    assert Outbox(p).last_ts_us == 3_000_000
+
+    def boom(seq):
+        raise TypeError("not serialisable")
+    ob = Outbox(tmp_path / "o2.sqlite")
+    with pytest.raises(TypeError):
+        ob.put(boom, ts_us=9)
+    assert ob.last_ts_us == 0  # nothing stored, no time either
+    ob.close()
