@@ -15,6 +15,12 @@ device, code, action, remedy, secondary_of, first_line, last_line); else a table
 Exit codes: 0 whatever the evidence says (faults included); 2 unreadable input (a missing,
 unreadable, directory or binary FILE, or a ``--topology`` file from which nothing could be
 read): one line on stderr naming the file.
+
+NUL bytes are padding, not binary data (a kern.log after a power loss holds runs of them): they
+separate lines (:mod:`linkpass.core.logparse`).  A FILE is binary only when more than
+:data:`BINARY_SHARE` of its first 64 KiB (NULs left out) is not text.  At most
+:data:`MAX_BYTES` are read from each FILE; a longer one is cut at the last whole line before
+that and a warning on stderr says where (byte offset and line count): never silently.
 """
 
 from __future__ import annotations
@@ -47,15 +53,18 @@ def register(sub) -> None:
 
 
 def _read(name: str) -> bytes:
+    """The bytes of FILE (``-``: stdin), at most :data:`MAX_BYTES`, cut back to the last whole
+    line when there was more (a warning on stderr says so and where)."""
     if name == "-":
-        data = sys.stdin.buffer.read(MAX_BYTES) if hasattr(sys.stdin, "buffer") else sys.stdin.read().encode()
+        src = sys.stdin.buffer if hasattr(sys.stdin, "buffer") else None
+        data = src.read(MAX_BYTES + 1) if src is not None else sys.stdin.read(MAX_BYTES + 1).encode()
         label = "stdin"
     else:
         label = name
         p = Path(name)
         try:
             with p.open("rb") as fh:
-                data = fh.read(MAX_BYTES)
+                data = fh.read(MAX_BYTES + 1)
         except FileNotFoundError:
             raise _BadInput(f"{name}: no such file") from None
         except IsADirectoryError:
@@ -64,9 +73,34 @@ def _read(name: str) -> bytes:
             raise _BadInput(f"{name}: permission denied") from None
         except OSError as e:
             raise _BadInput(f"{name}: cannot read: {e.strerror or e}") from None
-    if b"\x00" in data[:8192]:
+    if _binary(data):
         raise _BadInput(f"{label}: binary data, not a log")
+    if len(data) > MAX_BYTES:
+        data = data[:MAX_BYTES]
+        end = data.rfind(b"\n") + 1 or len(data)
+        data = data[:end]
+        nlines = data.count(b"\n")
+        print(f"{PROG}: warning: {label}: input truncated: only the first {end} bytes "
+              f"({nlines} lines) were classified; the rest (from byte {end}) was not read "
+              f"(limit {MAX_BYTES // (1024 * 1024)} MiB: cut the log to the time of interest)", file=sys.stderr)
     return data
+
+
+#: share of non-text characters (control characters other than tab/line ends, undecodable
+#: bytes) above which a sample, NUL padding left out, is binary data rather than a log
+BINARY_SHARE = 0.10
+_SAMPLE = 65536
+
+
+def _binary(data: bytes) -> bool:
+    """Mostly non-text (a core dump, a compressed file)?  NUL runs are padding (a kern.log after
+    a power loss) and do not count; nothing but NULs is an empty log, not binary data."""
+    sample = data[:_SAMPLE].replace(b"\x00", b"")
+    if not sample:
+        return False
+    text = sample.decode("utf-8", errors="replace")
+    bad = sum(1 for ch in text if ch == "\ufffd" or (ord(ch) < 32 and ch not in "\t\n\r\x0c") or ch == "\x7f")
+    return bad > BINARY_SHARE * len(text)
 
 
 def _topology(files: list[str]):
@@ -90,7 +124,8 @@ def run(files: list[str], topology_files: list[str]) -> Classification:
     topo = _topology(topology_files) if topology_files else None
     lines: list[str] = []
     for name in files or ["-"]:
-        lines += _read(name).decode("utf-8", errors="replace").splitlines()
+        # line ends kept: a last line without one is cut off (logparse.Record.cut)
+        lines += _read(name).decode("utf-8", errors="replace").splitlines(keepends=True)
     return classify_report(lines, topo)
 
 

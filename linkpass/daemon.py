@@ -196,11 +196,27 @@ class Daemon:
         log.info("ready: first link dump and route reconciliation done (plan generation %d)", self.engine.applied_generation)
 
     def _device_fault(self, a: NotifyDeviceFault) -> None:
-        """A device fault that needs its rank moved: tell the hooks, and the operators (log)."""
+        """A device fault that needs its rank moved: tell the hooks on its GPU, and the operators
+        (log); the outcome goes back to the engine (``notified`` in status).  A fault with no GPU
+        index (an NVSwitch, a bus id missing from the GPU map) is told to no hook client: every
+        rank of the host would move.  Nobody on the GPU now: the hook server keeps it a while."""
         inc = a.incident
-        sent = self.hooks.publish_device_fault(inc.to_json(), inc.gpu, inc.t_ns) if self.hooks else 0
-        log.warning("DEVICE FAULT on %s: %s %s (%s): %s; remedy: %s; told %d hook client(s) to move the rank",
-                    inc.device or "unknown device", inc.domain, inc.code, inc.source, inc.summary or "-", inc.remedy, sent)
+        if inc.gpu is None:
+            log.warning("DEVICE FAULT on %s: %s %s (%s): %s; could not be attributed to a GPU (no GPU index for %s), so no "
+                        "rank was moved; this is a node-level fault: drain the node (move its jobs off), then %s",
+                        inc.device or "unknown device", inc.domain, inc.code, inc.source, inc.summary or "-",
+                        inc.device or "the device", inc.remedy if inc.remedy not in ("none", "observe", "drain-node") else "investigate")
+            self.engine.device_fault_outcome(inc, 0, unattributed=True)
+            return
+
+        def late(n: int) -> None:
+            self.engine.device_fault_outcome(inc, n, late=True)
+
+        sent = self.hooks.publish_device_fault(inc.to_json(), inc.gpu, inc.t_ns, on_delivered=late) if self.hooks else 0
+        self.engine.device_fault_outcome(inc, sent, kept=bool(self.hooks) and sent == 0)
+        log.warning("DEVICE FAULT on %s (GPU %d): %s %s (%s): %s; remedy: %s; told %d hook client(s) to move the rank%s",
+                    inc.device or "unknown device", inc.gpu, inc.domain, inc.code, inc.source, inc.summary or "-", inc.remedy,
+                    sent, "" if sent or not self.hooks else " (kept for a client that registers on that GPU)")
 
     # ------------------------------------------------------------------ live device sources
 

@@ -16,6 +16,8 @@ The fabric has no GPUs: emulated GPU ``G`` of every emulated host has the PCI bu
 writes that mapping beside each host's kernel log (``h<I>.kmsg.gpus.json``, bus id -> index),
 and the daemon uses it to map an incident's PCI id to the GPU index hooks register (``gpu``).
 
+``--help`` (``-h``) after ``device-fault`` prints its options (exit 0).
+
 Prints one JSON line ``{"host", "gpu", "pci", "xid", "kmsg", "line", "t_issued_ns"}``
 (``t_issued_ns``: monotonic clock, just before the write).  Exit 0; 2 with one line on stderr
 for bad arguments (unknown kind, host or GPU out of range, Xid not 1..999, no such fabric).
@@ -100,16 +102,21 @@ def inject_device_fault(name: str, host: int, gpu: int, xid: int) -> dict:
 def _parser():
     import argparse
 
-    p = argparse.ArgumentParser(prog="linkpass inject device-fault", add_help=False)
+    p = argparse.ArgumentParser(prog="linkpass inject device-fault", add_help=False,
+                                description="Append a kmsg-style NVRM Xid record for emulated GPU G (PCI bus id "
+                                "0000:<0x18+G>:00.0) to host I's kernel log on the emulated fabric; the host's daemon "
+                                "follows that log, classifies the Xid and tells the hook client on GPU G to move its rank.")
 
     def error(message):  # one line, exit 2 (argparse would print the usage too)
         raise InjectError(message)
 
     p.error = error
-    p.add_argument("--host")
-    p.add_argument("--gpu")
-    p.add_argument("--xid", default="79")
-    p.add_argument("--name", default="lp")
+    p.add_argument("-h", "--help", action="store_true", help="show this help and exit")
+    p.add_argument("--host", metavar="I", help="emulated host index (0-based, as `linkpass fabric up` numbers them)")
+    p.add_argument("--gpu", metavar="G", help=f"emulated GPU index, 0..{MAX_GPUS - 1}")
+    p.add_argument("--xid", default="79", metavar="N",
+                   help="Xid code, 1..999 (default 79, GPU fallen off the bus: migrate-rank; 48, 95, 119 also move the rank)")
+    p.add_argument("--name", default="lp", help="fabric name (default lp)")
     return p
 
 
@@ -119,7 +126,11 @@ def cmd_inject(args) -> int:
             raise InjectError("say which fault: linkpass inject device-fault --host I --gpu G [--xid 79] [--name NAME]")
         if args.kind != "device-fault":
             raise InjectError(f"unknown fault kind {args.kind!r} (known: device-fault)")
-        o = _parser().parse_args(args.rest)
+        p = _parser()
+        o = p.parse_args(args.rest)
+        if o.help:
+            print(p.format_help(), end="")
+            return 0
         host = _int("host", o.host, 0, 15)
         gpu = _int("gpu", o.gpu, 0, MAX_GPUS - 1)
         xid = _int("xid", o.xid, 1, 999)
@@ -137,6 +148,6 @@ def register(sub) -> None:
     p = sub.add_parser("inject", help="inject a device fault on the emulated fabric (kernel-log Xid line)",
                        description="linkpass inject device-fault --host I --gpu G [--xid 79] [--name NAME]: "
                        "append an NVRM Xid record for emulated GPU G (PCI 0000:<0x18+G>:00.0) to host I's kernel log")
-    p.add_argument("kind", nargs="?", help="device-fault")
+    p.add_argument("kind", nargs="?", help="device-fault (`linkpass inject device-fault --help` for its options)")
     p.add_argument("rest", nargs=argparse.REMAINDER, help="--host I --gpu G [--xid 79] [--name NAME]")
     p.set_defaults(func=cmd_inject)

@@ -46,6 +46,21 @@ _LOUD_ERRORS = 5           # errors per client logged at WARNING; later ones at 
 _READ_CHUNK = 65536
 #: Fields of a kept report that the server fills in; a client's own values for them are dropped.
 _SERVER_FIELDS = frozenset({"t_ns", "client_id", "job", "rank", "pid"})
+#: How long a device fault that reached no hook client is kept for a client that registers on
+#: its GPU later (e.g. the daemon restarted and read the fault before the trainer's client
+#: reconnected): 120 s covers a client's reconnect backoff several times over, and a fault older
+#: than that is stale (the rank has died or moved by other means).
+PENDING_FAULT_TTL_NS = 120 * 1_000_000_000
+#: Undelivered device faults kept per GPU (the oldest is dropped beyond this).
+PENDING_FAULTS_PER_GPU = 8
+
+
+@dataclass
+class _PendingFault:
+    msg: dict
+    gpu: int
+    kept_ns: int
+    on_delivered: Callable[[int], None] | None = None
 
 
 def default_socket_path(control_socket: str) -> str:
@@ -119,7 +134,11 @@ class HookServer:
             deeply, ``bad_oversized``, ``bad_register``, ``bad_unregistered`` for a report before
             register, ``bad_type``); ``report_fields_dropped``: reports that tried to set a
             server-known field (``job``, ``rank``, ``pid``, ``client_id``, ``t_ns``), kept
-            without those fields.
+            without those fields; ``device_faults_sent``, ``device_faults_kept`` (reached no
+            client, kept for a client that registers on the GPU), ``device_faults_delivered_late``,
+            ``device_faults_expired``, ``device_faults_unattributed`` (no GPU: sent to nobody).
+        pending_faults: GPU index -> device faults that reached no client yet (at most
+            :data:`PENDING_FAULTS_PER_GPU` each, for :data:`PENDING_FAULT_TTL_NS`).
         reports: the last 100 reports, newest last.
         instance: token of this daemon run (notices carry it; clients tell a restart by it).
     """
@@ -139,6 +158,7 @@ class HookServer:
         self._next_id = 1
         self._server: asyncio.AbstractServer | None = None
         self._priority: tuple[str, ...] = ()
+        self.pending_faults: dict[int, list[_PendingFault]] = {}  # GPU index -> faults no client got yet
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -204,10 +224,20 @@ class HookServer:
             if c.reg is not None:
                 self._notify(c)
 
-    def publish_device_fault(self, incident: Mapping, gpu: int | None, t_ns: int) -> int:
+    def publish_device_fault(self, incident: Mapping, gpu: int | None, t_ns: int,
+                             on_delivered: Callable[[int], None] | None = None) -> int:
         """A device fault that needs a rank moved: a ``device_fault`` message to the registered
-        clients on GPU ``gpu`` (and those that registered no GPU), or to all registered clients
-        when ``gpu`` is None (the client knows its own device).  Returns how many clients it went to; never raises."""
+        clients on GPU ``gpu`` (and those that registered no GPU: they check the GPU themselves).
+
+        ``gpu`` None (a fault the daemon cannot map to a GPU) is sent to nobody: every rank of
+        the host would move; the caller says so to the operators.  A fault that reached no
+        client is kept for :data:`PENDING_FAULT_TTL_NS` and delivered to the first client(s)
+        that register on that GPU (``on_delivered(n)`` is then called with how many got it); a
+        fault that reached at least one client is not kept.  Returns how many clients it went to
+        now; never raises."""
+        if gpu is None:
+            self.counters["device_faults_unattributed"] += 1
+            return 0
         try:
             msg = proto.build_device_fault(instance=self.instance, host=self.host, incident=incident, gpu=gpu, t_ns=t_ns)
             proto.encode(msg)
@@ -216,12 +246,54 @@ class HookServer:
             return 0
         sent = 0
         for c in list(self.clients.values()):
-            if c.reg is None or (gpu is not None and c.reg.gpu is not None and c.reg.gpu != gpu):
+            if c.reg is None or (c.reg.gpu is not None and c.reg.gpu != gpu):
                 continue
             self._send(c, msg)
             sent += 1
         self.counters["device_faults_sent"] += sent
+        if sent == 0:
+            now = time.monotonic_ns()
+            self._expire_pending(now)
+            kept = self.pending_faults.setdefault(gpu, [])
+            kept.append(_PendingFault(msg, gpu, now, on_delivered))
+            if len(kept) > PENDING_FAULTS_PER_GPU:
+                del kept[0]
+                self.counters["device_faults_expired"] += 1
+            self.counters["device_faults_kept"] += 1
+            log.warning("device fault %s on GPU %d: no hook client on that GPU now; kept for %d s for a client that registers on it",
+                        incident.get("code"), gpu, PENDING_FAULT_TTL_NS // 1_000_000_000)
         return sent
+
+    def _expire_pending(self, now_ns: int) -> None:
+        for gpu in list(self.pending_faults):
+            keep = [p for p in self.pending_faults[gpu] if now_ns - p.kept_ns < PENDING_FAULT_TTL_NS]
+            gone = len(self.pending_faults[gpu]) - len(keep)
+            if gone:
+                self.counters["device_faults_expired"] += gone
+                log.warning("%d device fault(s) on GPU %d reached no hook client within %d s; dropped", gone, gpu,
+                            PENDING_FAULT_TTL_NS // 1_000_000_000)
+            if keep:
+                self.pending_faults[gpu] = keep
+            else:
+                del self.pending_faults[gpu]
+
+    def _deliver_pending(self, c: _Client) -> None:
+        """A client registered on a GPU: give it the faults kept for that GPU (then forgotten)."""
+        if c.reg is None or c.reg.gpu is None or not self.pending_faults:
+            return
+        self._expire_pending(time.monotonic_ns())
+        for p in self.pending_faults.pop(c.reg.gpu, []):
+            self._send(c, p.msg)
+            self.counters["device_faults_sent"] += 1
+            self.counters["device_faults_delivered_late"] += 1
+            age = (time.monotonic_ns() - p.kept_ns) / 1e9
+            log.warning("hook client %d (job %s rank %d) registered on GPU %d: delivered the device fault %s kept for %.1f s",
+                        c.id, c.reg.job, c.reg.rank, c.reg.gpu, (p.msg.get("incident") or {}).get("code"), age)
+            if p.on_delivered is not None:
+                try:
+                    p.on_delivered(1)
+                except Exception:
+                    log.exception("device fault delivery callback failed")
 
     def _notify(self, c: _Client) -> None:
         p = self.plan
@@ -347,6 +419,7 @@ class HookServer:
             self._send(c, {"type": "registered", "client_id": c.id, "host": self.host, "instance": self.instance,
                            "unknown_peers": unknown})
             self._notify(c)
+            self._deliver_pending(c)
             self._update_priority()
         elif t == "report":
             if c.reg is None:
@@ -401,5 +474,9 @@ class HookServer:
                 "last_report": c.last_report,
             } for c in self.clients.values()],
             "reports": list(self.reports)[-20:],
+            "pending_device_faults": [{"gpu": p.gpu, "code": (p.msg.get("incident") or {}).get("code"),
+                                       "device": (p.msg.get("incident") or {}).get("device"),
+                                       "age_s": round((now - p.kept_ns) / 1e9, 3)}
+                                      for ps in self.pending_faults.values() for p in ps],
             "counters": dict(self.counters),
         }

@@ -24,8 +24,16 @@ their incidents are recorded but never acted on (nobody knows whether they were 
 
 Incremental classification: the last ``window_lines`` lines are kept and classified again as
 each batch arrives (batches settle for 50 ms so a multi-line NVRM message arrives whole); an
-incident whose first line is in the new batch is new and is posted; one whose root is older
-carries ``follows``.  Nothing read can crash the follower: bad records are counted and skipped,
+incident that happens in the new batch (its first line, or a repeat of it: the same code on the
+same device again) is posted, unless the same code on the same device was already seen less
+than :data:`REPEAT_WINDOW_NS` before (the arrival time of its previous sighting; each sighting
+restarts the window): repeats within the window are one incident (counted as
+``repeats_collapsed``), a recurrence after a quiet window is a new incident and is posted
+again (the same Xid on the same GPU for a new job, a second injected fault).  The window is
+the engine's :data:`~linkpass.core.engine.INCIDENT_DEDUP_NS`, and an incident's ``t_ns`` is
+its arrival time, so a recurrence the follower posts is never taken by the engine for a
+duplicate.  Backlog sightings start no window (a live fault right after a start that read an
+old one from the log is acted on).  One whose root is older carries ``follows``.  Nothing read can crash the follower: bad records are counted and skipped,
 a classifier failure is logged and the batch dropped.  A kmsg that cannot be opened (not root,
 a container without /dev/kmsg) is one WARNING and the source is off.
 """
@@ -47,6 +55,7 @@ from pathlib import Path
 from typing import Any
 
 from linkpass.core.classify import classify_report
+from linkpass.core.engine import INCIDENT_DEDUP_NS
 from linkpass.core.model import DeviceIncident
 
 log = logging.getLogger("linkpass.kmsg")
@@ -54,6 +63,11 @@ log = logging.getLogger("linkpass.kmsg")
 #: a kmsg record is at most ~8 KiB (PRINTK_MESSAGE_MAX + dictionary); a short buffer gives EINVAL
 READ_SIZE = 65536
 BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
+#: the same code on the same device seen again within this many ns of its previous sighting
+#: is a repeat of the same incident (not posted again); later, it is a new incident
+REPEAT_WINDOW_NS = INCIDENT_DEDUP_NS
+#: (code, device) sightings kept for the repeat window (the oldest are forgotten beyond this)
+_SEEN_KEPT = 4096
 _REC = re.compile(r"^(\d{1,4}),(\d{1,20}),(\d{1,20}),([^;]{0,16});(.*)$", re.S)
 _DICT = re.compile(r"^ [A-Z_][A-Z0-9_]*=")
 
@@ -130,8 +144,8 @@ class KmsgFollower:
     Attributes:
         counters: ``records``, ``plain_lines``, ``bad_records``, ``overruns`` (EPIPE),
             ``seq_gaps`` (records missing between two seqs), ``skipped_resume``,
-            ``skipped_duplicate``, ``incidents``, ``classify_errors``, ``state_errors``,
-            ``read_errors``.
+            ``skipped_duplicate``, ``incidents``, ``repeats_collapsed`` (repeats within the
+            repeat window, not posted), ``classify_errors``, ``state_errors``, ``read_errors``.
         last_seq: the last record sequence number read (None before the first).
         active: True while the source runs.
     """
@@ -162,6 +176,7 @@ class KmsgFollower:
         self._saved_at = 0.0
         self._boot_id = self._read_boot_id()
         self._os_read = os.read  # tests replace it to simulate EPIPE
+        self._seen: dict[tuple[str, str | None], int] = {}  # (code, device) -> arrival ns of the last sighting
 
     # ------------------------------------------------------------------ open / state
 
@@ -349,11 +364,20 @@ class KmsgFollower:
             return []
         out = []
         for inc in incs:
-            if not 1 <= inc.first_line <= len(window):
-                continue
-            w = window[inc.first_line - 1]
-            if w.n < start:
-                continue  # known before this batch (or a repeat collapsed into it)
+            fresh = [window[n - 1] for n in (inc.lines or (inc.first_line,)) if 1 <= n <= len(window) and window[n - 1].n >= start]
+            if not fresh:
+                continue  # nothing of it in this batch (a related event, e.g. a link back up, is not a new incident)
+            key = (inc.code, inc.device)
+            last = self._seen.get(key)
+            if not all(w.backlog for w in fresh):  # backlog (old, never acted on) starts no window
+                self._seen[key] = now_ns
+            if last is not None and now_ns - last < REPEAT_WINDOW_NS:
+                self.counters["repeats_collapsed"] += 1
+                continue  # the same incident again within the window
+            if len(self._seen) > _SEEN_KEPT:
+                for k in sorted(self._seen, key=self._seen.__getitem__)[:_SEEN_KEPT // 4]:
+                    del self._seen[k]
+            w = fresh[0]
             follows = None
             if inc.secondary_of is not None and 0 <= inc.secondary_of < len(incs):
                 root = incs[inc.secondary_of]

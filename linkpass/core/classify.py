@@ -362,7 +362,9 @@ PATTERNS: list[tuple[str, re.Pattern]] = [
     ("wc", _ST(r"Got completion from peer (\S+?) with (?:error |status=)\s*(\d+)(?:.*?vendor err (\d+))?(?:.*?\bhca (\S+))?")),
     ("async", _ST(r"NET/IB\s*:\s*(?:(\S+?):(\d+)\s+)?Got async event\s*:\s*([^\r\n]+?)\s*$")),
     ("async", _ST(r"(?:(mlx\w+|\w+_\d+):(\d+)\s+)?async (?:fatal )?event(?: on QP \S+)?\s*:\s*([a-z][a-z ]+?)\s*$")),
-    ("xid", _ST(r"NVRM: Xid \(PCI:(" + _BUSPAT + r")(?: GPU-I:\w+)?\): (\d+),?\s*(.*)$")),
+    # NVRM's format: "Xid (PCI:0000:91:00): 79, pid=..., text"; old drivers: "Xid (0000:03:00): 79, text".
+    # The code ends at a comma or at the end of a complete line (never at the end of a cut one).
+    ("xid", _ST(r"NVRM: Xid \((?:PCI:)?(" + _BUSPAT + r")(?: GPU-I:\w+)?\): (\d+)(?:\s*,\s*(.*)|\s*)$")),
     ("xid_banner", _ST(r"NVRM: _kgspLogXid(\d+):")),
     ("gpu_at", _ST(r"NVRM: GPU at PCI:(" + _BUSPAT + r")")),
     ("fallen", _ST(r"NVRM: (?:The NVIDIA )?GPU (" + _BUSPAT + r")\b.*?fallen off the bus")),
@@ -401,6 +403,8 @@ def _events(records: list[Record]) -> list[_Ev]:
     for r in records:
         for kind, pat in PATTERNS:
             m = pat.search(r.msg)
+            if m and kind == "xid" and m.group(3) is None and r.cut:
+                continue  # "...Xid (PCI:0000:91:00): 7" cut off: the code may be the start of 79
             if m:
                 out.append(_Ev(kind, r, _fields(kind, m, r.msg)))
                 break
@@ -415,7 +419,7 @@ def _fields(kind: str, m: re.Match, msg: str) -> dict[str, Any]:
         dev = f"{g[0]}/{g[1]}" if g[0] else None
         return {"text": g[2].strip().lower(), "device": dev, "ibdev": g[0]}
     if kind == "xid":
-        return {"gpu": _bus(g[0]), "xid": int(g[1]), "text": g[2]}
+        return {"gpu": _bus(g[0]), "xid": int(g[1]), "text": g[2] or ""}
     if kind == "xid_banner":
         return {"xid": int(g[0])}
     if kind in ("gpu_at", "fallen", "smi", "amdgpu_reset"):
@@ -461,8 +465,10 @@ def _fields(kind: str, m: re.Match, msg: str) -> dict[str, Any]:
 class Incident:
     """One incident (see the module docstring for the fields' meanings).
 
-    ``count`` (events collapsed into it) and ``summary`` (the first message) are for display
-    and are not part of :meth:`to_json`.
+    ``count`` (events collapsed into it), ``summary`` (the first message) and ``lines`` (the
+    sorted 1-based lines at which the incident happened: its first event and each repeat of
+    it, not the related events collapsed into it such as a link coming back up, so a live
+    follower can tell a recurrence from the first sighting) are not part of :meth:`to_json`.
     """
 
     domain: str
@@ -475,6 +481,7 @@ class Incident:
     last_line: int
     count: int = 1
     summary: str = ""
+    lines: tuple[int, ...] = ()
 
     def to_json(self) -> dict:
         """Exactly the issue's fields."""
@@ -513,10 +520,16 @@ class _Inc:
     parent: "_Inc | None" = None
     dropped: bool = False
     own: bool = True  # keeps its own domain when made a secondary
+    occ: list[int] = field(default_factory=list)  # lines of the events that are this incident happening (again)
 
     @property
     def first(self) -> int:
         return min(self.lines)
+
+    def again(self, ev: _Ev) -> None:
+        """``ev`` is this incident happening again (a repeat), not a related event (a recovery)."""
+        self.add(ev)
+        self.occ.append(ev.rec.first_line)
 
     def add(self, ev: _Ev) -> None:
         self.lines.append(ev.rec.first_line)
@@ -570,10 +583,11 @@ def classify(lines: Iterable, topology: Any = None) -> list[Incident]:
 
 
 def classify_text(text: str | bytes, topology: Any = None) -> list[Incident]:
-    """:func:`classify` of a whole text (split into lines here)."""
+    """:func:`classify` of a whole text (split into lines here, line ends kept: a last line
+    without one is cut off, see :attr:`linkpass.core.logparse.Record.cut`)."""
     if isinstance(text, (bytes, bytearray)):
         text = bytes(text).decode("utf-8", errors="replace")
-    return classify(str(text).splitlines(), topology)
+    return classify(str(text).splitlines(keepends=True), topology)
 
 
 def classify_report(lines: Iterable, topology: Any = None) -> Classification:
@@ -661,10 +675,11 @@ class _Builder:
     def new(self, code: str, key: tuple, kind: str, reading: tuple[str, str, str], ev: _Ev, **kw) -> _Inc:
         inc = self.index.get(key)
         if inc is not None:
-            inc.add(ev)
+            inc.again(ev)
             return inc
         inc = _Inc(code, key, kind, reading[0], reading[1], reading[2], [ev.rec.first_line], ev.rec.last_line,
                    [(ev.rec.ts, ev.rec.clock)], ev.rec.msg[:200], **kw)
+        inc.occ.append(ev.rec.first_line)
         self.incs.append(inc)
         self.index[key] = inc
         return inc
@@ -704,7 +719,7 @@ class _Builder:
             inc.code, inc.key, inc.kind = code, key, "xid"
             inc.x["xid"] = n
             self.index[key] = inc
-            inc.add(ev)
+            inc.again(ev)
             return
         reading = xid_reading(n)
         if n == 95 and re.search(r"D-RST:\s*Yes", text):
@@ -721,7 +736,7 @@ class _Builder:
     def ev_fallen(self, ev: _Ev) -> None:
         g = ev.f["gpu"]
         if ("xid:79", g) in self.index:
-            self.index[("xid:79", g)].add(ev)
+            self.index[("xid:79", g)].again(ev)
             return
         self.fixed("fallen", ev, gpu=g, device=g)
 
@@ -829,7 +844,8 @@ class _Builder:
             inc.x.update(downs=1, cur="down", in_use=False, recovered=False)
         else:
             inc.add(ev)
-            if inc.x["cur"] == "up":
+            if inc.x["cur"] == "up":  # down again after it came back: the fault happening again
+                inc.occ.append(ev.rec.first_line)
                 inc.x["downs"] += 1
                 inc.x["cur"] = "down"
         inc.x["in_use"] = inc.x["in_use"] or was_up or bond
@@ -1042,10 +1058,13 @@ class _Builder:
                 or (i.kind in ("link_down", "cable_unplugged", "cable_error", "nic_pci", "health", "pci_offline", "cmd_timeout")
                     and i.domain in ("nic-link", "nic-device"))))
             hca = x.x.get("ibdev")
-            named = [i for i in rdma if hca and hca in (i.x.get("ibdev"), self.ibdev_of_bus.get(i.fkey or ""))]
-            root = self.nearest_earlier(x, named or rdma, float("inf"))
+            # a completion error that names its HCA follows only evidence naming that HCA (an event
+            # on another NIC explains nothing about it); one that names none may follow any
+            pool = [i for i in rdma if hca in (i.x.get("ibdev"), self.ibdev_of_bus.get(i.fkey or ""),
+                                               getattr(self.nic_of(i), "name", None))] if hca else rdma
+            root = self.nearest_earlier(x, pool, float("inf"))
             if root is None and x.x["status"] in (5, 12, 13):
-                later = [i for i in (named or rdma) if i.first > x.first and i.domain in ("nic-link", "nic-device")]
+                later = [i for i in pool if i.first > x.first and i.domain in ("nic-link", "nic-device")]
                 root = min(later, key=lambda i: i.first, default=None)
             if root is None and x.x["status"] == 5:  # a flush only follows from an earlier error
                 root = self.nearest_earlier(x, self.roots_like(lambda i: i.kind == "wc" and i.parent is None), float("inf"))
@@ -1076,5 +1095,5 @@ class _Builder:
         for i in roots + secs:
             out.append(Incident(i.domain, i.device, i.code, i.action, i.remedy,
                                 pos[id(i.parent)] if i.parent is not None else None,
-                                i.first, max(i.last, max(i.lines)), len(i.lines), i.summary))
+                                i.first, max(i.last, max(i.lines)), len(i.lines), i.summary, tuple(sorted(i.occ or i.lines))))
         return out

@@ -48,8 +48,10 @@ log = logging.getLogger("linkpass.engine")
 HISTORY_LEN = 2000
 #: recent device incidents kept for ``status()["incidents"]``
 INCIDENTS_KEPT = 50
-#: the same code on the same device again within this time (e.g. one Xid seen both in the kernel
-#: log and through NVML) is the same incident: counted, not recorded or acted on twice
+#: the same code on the same device again within this time of its previous sighting (e.g. one
+#: Xid seen both in the kernel log and through NVML, or an NVML event repeating) is the same
+#: incident: counted, not recorded or acted on twice.  Later, it is a new incident (the kmsg
+#: follower collapses its own repeats with the same window: linkpass.adapters.kmsg)
 INCIDENT_DEDUP_NS = 10 * 1_000_000_000
 
 
@@ -104,6 +106,8 @@ class Engine:
         self.incidents: deque[dict] = deque(maxlen=INCIDENTS_KEPT)  # recent device incidents, oldest first
         self.incident_counts: Counter[str] = Counter()  # domain -> incidents recorded since start
         self._incident_seen: dict[tuple[str, str | None], int] = {}  # (code, device) -> last seen ns
+        self._incident_seen_t: dict[tuple[str, str | None], int] = {}  # (code, device) -> its event's t_ns
+        self._notify_entries: dict[tuple, tuple[dict, dict]] = {}  # NotifyDeviceFault's incident -> (entry, history data)
         self._configure(cfg)
 
     # ------------------------------------------------------------------ config
@@ -281,15 +285,28 @@ class Engine:
         Link incidents (``nic-link``) are only recorded: netlink and the probes already handle
         the rail, and acting on them here would move traffic twice.  The same code on the same
         device again within :data:`INCIDENT_DEDUP_NS` (a kernel-log Xid and the NVML event for
-        it) counts as ``incident_duplicates`` and nothing else.
+        it) counts as ``incident_duplicates`` and nothing else.  Both the handling times and the
+        events' own ``t_ns`` (when the source saw them) must be that close: a source that
+        collapses its own repeats with the same window (the kmsg follower) and posts a
+        recurrence is never taken for a duplicate because the engine ran a little late.  A
+        backlog incident (read at start, never acted on) does not start a window.
+
+        ``notified`` in the recorded entry is the engine's intent (a :class:`NotifyDeviceFault`
+        follows); the daemon replaces it with what happened, in the same loop turn, through
+        :meth:`device_fault_outcome` (true only when at least one hook client got it).
         """
         key = (ev.code, ev.device)
         last = self._incident_seen.get(key)
-        self._incident_seen[key] = now_ns
+        last_t = self._incident_seen_t.get(key)
+        if not ev.backlog:  # a backlog sighting (old, never acted on) must not swallow a live one
+            self._incident_seen[key] = now_ns
+            self._incident_seen_t[key] = ev.t_ns
         if len(self._incident_seen) > 4 * INCIDENTS_KEPT:  # bounded: forget the oldest
             for k in sorted(self._incident_seen, key=self._incident_seen.__getitem__)[:INCIDENTS_KEPT]:
                 del self._incident_seen[k]
-        if last is not None and now_ns - last < INCIDENT_DEDUP_NS:
+                self._incident_seen_t.pop(k, None)
+        if (last is not None and now_ns - last < INCIDENT_DEDUP_NS
+                and (last_t is None or abs(ev.t_ns - last_t) < INCIDENT_DEDUP_NS)):
             self.totals["incident_duplicates"] += 1
             for d in reversed(self.incidents):
                 if (d["code"], d["device"]) == key:
@@ -307,11 +324,43 @@ class Engine:
         entry.update(sources=[ev.source], count=1, notified=act)
         self.incidents.append(entry)
         self.incident_counts[ev.domain] += 1
-        self._record("incident", now_ns, {k: v for k, v in entry.items() if k not in ("sources", "count")})
+        hist = {k: v for k, v in entry.items() if k not in ("sources", "count")}
+        self._record("incident", now_ns, hist)
+        if act:
+            self._notify_entries[(ev.source, ev.code, ev.device, ev.t_ns)] = (entry, hist)
+            while len(self._notify_entries) > INCIDENTS_KEPT:
+                del self._notify_entries[next(iter(self._notify_entries))]
         log.info("incident from %s: %s %s on %s, action %s, remedy %s%s%s", ev.source, ev.domain, ev.code,
                  ev.device or "?", ev.action, ev.remedy, f" (follows {ev.follows})" if ev.follows else "",
                  " (backlog: recorded only)" if ev.backlog else "")
         return [NotifyDeviceFault(ev)] if act else []
+
+    def device_fault_outcome(self, ev: DeviceIncident, clients: int, *, kept: bool = False, unattributed: bool = False,
+                             late: bool = False) -> None:
+        """What became of a :class:`NotifyDeviceFault` (called by the daemon): ``clients`` hook
+        clients got it (``notified`` = at least one did); ``kept``: nobody got it and it waits
+        for a client that registers on its GPU; ``unattributed``: no GPU index for its device,
+        so no client was told (a node-level fault); ``late``: a kept fault was delivered to a
+        client that registered later.  Updates the status entry and, when it has not been
+        passed to the event sinks yet (same loop turn), the history entry.  Unknown ``ev``
+        (forgotten): nothing happens."""
+        ref = self._notify_entries.get((ev.source, ev.code, ev.device, ev.t_ns))
+        if ref is None:
+            return
+        entry, hist = ref
+        upd: dict = {"notified": clients > 0 or (late and entry.get("notified", False)), "hook_clients": clients}
+        if late:
+            upd["hook_clients"] = entry.get("hook_clients", 0) + clients
+            upd["delivered_late"] = True
+            upd["kept"] = False
+        else:
+            upd["kept"] = kept
+        if unattributed:
+            upd["gpu_unknown"] = True
+            self.totals["device_faults_unattributed"] += 1
+        entry.update(upd)
+        if not late:
+            hist.update(upd)
 
     # ------------------------------------------------------------------ helpers
 

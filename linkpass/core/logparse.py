@@ -13,9 +13,21 @@ Prefixes understood (they may nest, e.g. syslog around a raw dmesg stamp):
 - Talos-style ``node: kern: warning: [2026-04-22T21:25:20.45Z]: msg`` and mpirun's
   ``2019-06-02T16:13:44.884Z: [1,12]<stdout>:msg``.
 
-Multi-line NVRM messages (continuation lines that carry no timestamp and start with
-whitespace and ``NVRM:``) are joined into one record.  Lines that hold control characters
+Multi-line NVRM messages are joined into one record: continuation lines that carry no
+timestamp and start with whitespace and ``NVRM:``, and continuation lines that carry their own
+prefix (``[ts] NVRM: (PCI ID: 10de:26b5) installed in this system has``, the Talos-style
+``node: kern: warning: [ts]: NVRM: ...``) when the previous NVRM line (the line just before,
+same clock, stamped at most :data:`CONT_GAP_S` earlier) does not end a sentence and the new
+piece starts lower-case or with ``(``.
+
+NUL bytes are padding (a kern.log after a power loss holds runs of them where the file system
+had allocated blocks that were never written): a NUL run splits a line into pieces, each read
+as a line of its own with the same line number.  Lines that hold other control characters
 (binary data) or undecodable bytes are skipped and counted; empty lines are ignored.
+
+A last input line without a line end while the others have one (a file cut off mid-write)
+is *cut*: its record has ``cut=True``, and a message cut short is read with care (an Xid code
+that ends the cut line is not trusted, see :mod:`linkpass.core.classify`).
 
 Timestamps: ``clock`` is ``"mono"`` for seconds since boot (raw dmesg, kmsg), ``"wall"`` for a
 dated wall clock (seconds since 1970, UTC), ``"wall-noyear"`` for syslog stamps without a year.
@@ -49,6 +61,11 @@ _TALOS = re.compile(r"^\S+:\s+kern:\s*\w+:\s+(?=\[\d{4}-)")
 _MPI = re.compile(r"^\[\d+,\d+\]<std(?:out|err)>:\s?")
 _CONT = re.compile(r"^\s+NVRM:\s?(.*)$")
 _BAD_CHARS = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\ufffd]")
+_NULS = re.compile(r"\x00+")
+_PREFIXED_CONT = re.compile(r"^NVRM:\s?([a-z(].*)$")
+_SENTENCE_END = (".", ":", "!", "?", ";")
+#: most seconds between the lines of one multi-line NVRM message that carry their own stamps
+CONT_GAP_S = 1.0
 
 
 @dataclass
@@ -60,6 +77,7 @@ class Record:
         msg: the message, prefixes removed, continuation lines joined with one space.
         ts: timestamp in seconds (see ``clock``), or None.
         clock: ``"mono"``, ``"wall"``, ``"wall-noyear"`` or None.
+        cut: the record's last line is the input's last line and has no line end (cut off).
     """
 
     first_line: int
@@ -67,6 +85,7 @@ class Record:
     msg: str
     ts: float | None = None
     clock: str | None = None
+    cut: bool = False
 
 
 @dataclass
@@ -157,35 +176,62 @@ def parse_lines(lines: Iterable) -> Parsed:
 
     Never raises on the lines' content: binary or undecodable lines are skipped (their numbers
     are in ``skipped``); over-long lines are cut at :data:`MAX_LINE` characters.  An item that
-    is neither str nor bytes counts as skipped.
+    is neither str nor bytes counts as skipped.  Lines may carry their line end (``"...\\n"``,
+    as a file object yields them) or not (``str.splitlines()``); with line ends, a last line
+    without one is *cut* (:attr:`Record.cut`).
     """
     records: list[Record] = []
     skipped: list[int] = []
     n = 0
     prev_kmsg = False
+    any_ended = False  # some earlier line had a line end
+    last_open: Record | None = None  # the record of the last line, when it has no line end
     for n, raw in enumerate(lines, 1):
         if isinstance(raw, (bytes, bytearray)):
             raw = bytes(raw).decode("utf-8", errors="replace")
         if not isinstance(raw, str):
             skipped.append(n)
+            last_open = None
             continue
-        line = raw.rstrip("\r\n")[:MAX_LINE]
-        if not line.strip():
-            continue
-        if _BAD_CHARS.search(line.replace("\t", " ")):
-            skipped.append(n)
-            continue
-        if prev_kmsg and _KMSG_DICT.match(line):
-            records[-1].last_line = n
-            continue
-        cont = _CONT.match(line)
-        if cont and records and records[-1].msg.startswith("NVRM:") and records[-1].last_line >= n - 1:
-            records[-1].msg += " " + cont.group(1).strip()
-            records[-1].last_line = n
-            continue
-        prev_kmsg = bool(_KMSG.match(line))
-        msg, ts, clock = strip_prefixes(line)
-        if not msg:
-            continue
-        records.append(Record(n, n, msg, ts, clock))
+        has_end = raw.endswith(("\n", "\r"))
+        before = len(records)
+        for piece in _NULS.split(raw.rstrip("\r\n")[:MAX_LINE]):
+            prev_kmsg = _one(piece, n, records, skipped, prev_kmsg)
+        last_open = records[-1] if not has_end and any_ended and len(records) > before else None
+        any_ended = any_ended or has_end
+    if last_open is not None:
+        last_open.cut = True
     return Parsed(records, n, skipped)
+
+
+def _one(line: str, n: int, records: list[Record], skipped: list[int], prev_kmsg: bool) -> bool:
+    """Read one physical line (a piece between NUL runs) into ``records``; returns whether it
+    was a kmsg record (its dictionary lines follow)."""
+    if not line.strip():
+        return prev_kmsg
+    if _BAD_CHARS.search(line.replace("\t", " ")):
+        if not skipped or skipped[-1] != n:
+            skipped.append(n)
+        return prev_kmsg
+    if prev_kmsg and _KMSG_DICT.match(line):
+        records[-1].last_line = n
+        return True
+    cont = _CONT.match(line)
+    if cont and records and records[-1].msg.startswith("NVRM:") and records[-1].last_line >= n - 1:
+        records[-1].msg += " " + cont.group(1).strip()
+        records[-1].last_line = n
+        return False
+    is_kmsg = bool(_KMSG.match(line))
+    msg, ts, clock = strip_prefixes(line)
+    if not msg:
+        return is_kmsg
+    m = _PREFIXED_CONT.match(msg)
+    if m and records:
+        prev = records[-1]
+        if (prev.msg.startswith("NVRM:") and prev.last_line >= n - 1 and not prev.msg.rstrip().endswith(_SENTENCE_END)
+                and prev.clock == clock and (ts is None or prev.ts is None or 0.0 <= ts - prev.ts <= CONT_GAP_S)):
+            prev.msg += " " + m.group(1).strip()
+            prev.last_line = n
+            return is_kmsg
+    records.append(Record(n, n, msg, ts, clock))
+    return is_kmsg

@@ -72,3 +72,12 @@ def test_daemon_maps_a_fabric_pci_id_to_the_registered_gpu_index(tmp_path):
     assert Daemon._gpu_index(me, "0000:91:00.0") is None
     me.cfg.device.kmsg_path = str(tmp_path / "other.kmsg")  # no map beside it
     assert Daemon._gpu_index(me, "0000:18:00.0") is None
+
+
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+def test_device_fault_help_prints_its_options_exit_0(flag, capsys):
+    assert cli.main(["inject", "device-fault", flag]) == 0
+    out, err = capsys.readouterr()
+    assert err == "" and out.startswith("usage: linkpass inject device-fault")
+    for opt in ("--host I", "--gpu G", "--xid N", "--name NAME"):
+        assert opt in out

@@ -58,10 +58,14 @@ def test_file_fresh_start_is_backlog_then_live_record_is_acted_on(tmp_path):
         fh.write(rec(4, "NVRM: Xid (PCI:0000:3b:00): 48, pid=9, DBE (double bit error) ECC error") + filler(5))
     incs = f.classify(f.accept(f.read_available()), 2)
     assert [(i.code, i.device, i.backlog, i.action) for i in incs] == [("xid:48", "0000:3b:00.0", False, "migrate-rank")]
-    # the same Xid 79 again later: collapsed into the known incident, not reposted
+    # the same Xid 79 live: the backlog sighting was never acted on, so this one is posted
     with log.open("a") as fh:
         fh.write(rec(6, XID79))
-    assert f.classify(f.accept(f.read_available()), 3) == []
+    assert [(i.code, i.backlog, i.seq) for i in f.classify(f.accept(f.read_available()), 3)] == [("xid:79", False, 6)]
+    # and again right after: a repeat of the same incident, not reposted
+    with log.open("a") as fh:
+        fh.write(rec(7, XID79))
+    assert f.classify(f.accept(f.read_available()), 4) == [] and f.counters["repeats_collapsed"] == 1
     f.close()
 
 
