@@ -116,10 +116,13 @@ class RailHealth:
         if st == RailState.UNKNOWN:
             return self.set_state(RailState.UP, now_ns, "link up at start")
         if st == RailState.DOWN:
+            # say what came back: the reason the rail was DOWN for (the engine's wording)
+            back = ("probes answer again" if self.reason.startswith("probes")
+                    else "flap damping released it" if self.reason.startswith("flap damping") else "link back")
             if self.hold_down_ns == 0:
-                self.set_state(RailState.HOLD_DOWN, now_ns, "link back")
+                self.set_state(RailState.HOLD_DOWN, now_ns, back)
                 return self.set_state(RailState.UP, now_ns, "hold-down is 0 ms")
-            return self.set_state(RailState.HOLD_DOWN, now_ns, "link back, holding down")
+            return self.set_state(RailState.HOLD_DOWN, now_ns, f"{back}, holding down")
         return None
 
     def on_tick(self, now_ns: int) -> Transition | None:

@@ -267,3 +267,14 @@ def test_same_state_is_no_transition(st, caplog):
     with caplog.at_level(logging.INFO, logger="linkpass.health"):
         assert h.set_state(st, 5, "again") is None
     assert caplog.records == []
+
+
+def test_the_hold_down_reason_says_what_came_back():
+    h = RailHealth(1, 2 * MS)
+    h.on_link(True, "rail1 up", T0)
+    h.on_link(False, "probes: 1/1 peers unreachable over rail 1", T0 + MS)
+    h.on_link(True, "rail1 up", T0 + 2 * MS)
+    assert h.state == RailState.HOLD_DOWN and h.reason == "probes answer again, holding down"
+    h.on_link(False, "carrier lost on rail1", T0 + 3 * MS)
+    h.on_link(True, "rail1 up", T0 + 4 * MS)
+    assert h.reason == "link back, holding down"
