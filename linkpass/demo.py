@@ -334,7 +334,7 @@ def main(args) -> int:
     result = None
     try:
         result = demo.run()
-        ok = result["steps_lost"] == 0 and result["weights_match_reference"]
+        ok = result.get("ok", result["steps_lost"] == 0 and result["weights_match_reference"])
     except KeyboardInterrupt:
         print("linkpass demo: interrupted; tearing down", file=sys.stderr)
         return 130
@@ -551,7 +551,9 @@ class DeviceFaultDemo(RebuildDemo):
     ``steps_lost``, ``weights_match_reference`` (the surviving rank and the spare, bitwise,
     against the fault-free run), ``migration`` (the spare's join event: agree/build/state
     timings, state bytes, how the faulty process was fenced), ``faulty_exit`` (its exit status:
-    74, or -9 when the spare's fence killed it first).
+    74, or -9 when the spare's fence killed it first), ``rank_exits`` (every rank's exit status),
+    ``ok`` and ``result`` (one line).  With ``--spares 0`` the expected outcome is that every rank
+    stops with 69 (no spare left): ``ok`` is true then, and the demo exits 0.
     """
 
     def __init__(self, hosts: int, rails: int, steps: int, name: str, mode: str, hold_down_ms: int = 2000, log=print,
@@ -698,8 +700,21 @@ class DeviceFaultDemo(RebuildDemo):
             mig_ms = round((joined["first_step_t_ns"] - inj["t_issued_ns"]) / 1e6, 3)
         keep = ("epoch", "interrupted_step", "resume_step", "spare", "fenced", "agree_ms", "build_ms", "state_ms",
                 "state_bytes", "rebuild_ms")
+        from torch_hooks.spare import EXIT_NO_SPARE
+
+        if self.spares == 0:
+            # nothing can take the rank over: as designed, every rank stops with EXIT_NO_SPARE
+            ok = len(codes) == self.hosts and all(c == EXIT_NO_SPARE for c in codes.values())
+            outcome = (f"no spare left: every rank stopped cleanly with status {EXIT_NO_SPARE} (as designed)" if ok else
+                       f"no spare left, but the ranks did not all stop with {EXIT_NO_SPARE}: exits {codes}")
+        else:
+            ok = self.steps - steps_done == 0 and bool(same)
+            outcome = ("job kept training on a spare, weights identical to the fault-free run" if ok else
+                       f"job was disturbed: {self.steps - steps_done} steps lost, weights match: {bool(same)}, exits {codes}")
         return {
             "scenario": "device-fault",
+            "ok": ok,
+            "result": outcome,
             "steps": self.steps,
             "steps_lost": self.steps - steps_done,
             "weights_match_reference": bool(same),
@@ -728,10 +743,11 @@ def _print_device_fault_summary(r: dict) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    ok = r["steps_lost"] == 0 and r["weights_match_reference"]
-    t = Table(title="linkpass demo --scenario device-fault: a hot spare takes the rank over", show_header=False)
-    t.add_row("result", "[green]job kept training on a spare, weights identical to the fault-free run[/]" if ok
-              else "[red]job was disturbed[/]")
+    ok = r["ok"]
+    title = ("a hot spare takes the rank over" if r["spares_per_host"] else
+             "no spare: every rank must stop cleanly (exit 69)")
+    t = Table(title=f"linkpass demo --scenario device-fault: {title}", show_header=False)
+    t.add_row("result", f"[green]{r['result']}[/]" if ok else f"[red]{r['result']}[/]")
     f = r["fault"]
     t.add_row("fault", f"host h{f['host']}, GPU {f['gpu']} ({f['pci']}), Xid {f['xid']} at step {f['step_at_fault']}")
     t.add_row("steps / lost", f"{r['steps']} / {r['steps_lost']}")
@@ -739,4 +755,5 @@ def _print_device_fault_summary(r: dict) -> None:
     t.add_row("migration (inject -> spare's first step)", f"{r['migration_ms']} ms")
     t.add_row("spare join", json.dumps(r["migration"]))
     t.add_row("faulty process exit", str(r["faulty_exit"]))
+    t.add_row("rank exits", json.dumps(r["rank_exits"]))
     Console().print(t)

@@ -23,7 +23,10 @@ imports torch, builds the model, connects to the store and waits (up to ``--spar
 for an assignment (:class:`torch_hooks.spare.Spare`); when a rank's GPU fails it takes that
 rank over (``LinkPassGuard(join=...)``), receives the state from a healthy replica and trains
 on from the interrupted step.  Its output then has ``"spare": id`` and the rank it took; a
-spare that was never needed exits 0 with ``"spare_unused": true``.  ``--gpu`` is the local
+spare that was never needed exits 0 with ``"spare_unused": true`` and ``"retired"``: ``"timeout"``
+(``--spare-wait-s`` passed) or ``"store-lost"`` (the job's store was unreachable for 5 s: the
+job ended or its store died; one line on stderr says so, exit status 0 as well, since the
+spare itself did nothing wrong and the end of a job looks the same).  ``--gpu`` is the local
 GPU index the hook registers (the daemon sends a device fault to the clients on that GPU).
 
 Output (``--out``), JSON: ``{"rank", "world_size", "steps", "steps_done", "step_ms": [...],
@@ -132,15 +135,21 @@ def main(argv: list[str] | None = None) -> int:
     params = [q for q in model.parameters()]
     join = None
     if a.spare:
-        from torch_hooks.spare import Spare
+        from torch_hooks.spare import STORE_LOST_S, Spare
 
         sp = Spare(store, job="demo", host=a.host)
         result["spare"] = sp.id
         if a.progress:
             _write(a.progress, "0")
         join = sp.wait(a.spare_wait_s)
+        store = sp.store  # a fresh connection when the first one broke while waiting
         if join is None:
             result["spare_unused"] = True
+            result["retired"] = sp.retired
+            if sp.retired == "store-lost":
+                print(f"linkpass: spare {sp.id} retires: the job's store at {a.master_addr}:{a.master_port} has been "
+                      f"unreachable for {STORE_LOST_S:.0f} s ({sp.store_error}); the job is over or its store died",
+                      file=sys.stderr, flush=True)
             _write(a.out, json.dumps(result))
             return 0
         a.rank = result["rank"] = join.rank

@@ -7,7 +7,10 @@ rank, world_size)`` builds a fresh group for a new store prefix, ``abort()`` dro
     import torch.distributed as dist
     from torch_hooks.guard import LinkPassGuard
 
-    store = dist.TCPStore(master_addr, port, world_size, rank == 0)
+    # the store must live outside the ranks (torchrun's agent hosts it; or a store process like
+    # ``python -m linkpass.demo_train --store-only``): a rank hosting it cannot be migrated (the
+    # store would die with it), so only then can every rank move to a spare
+    store = dist.TCPStore(master_addr, port, world_size, is_master=False)
     guard = LinkPassGuard(store, rank, world_size, rails={0: "rail0", 1: "rail1"}, rail=0,
                           state=[model, opt], job="llm7", peers=["gpu-node-08"])
 
@@ -202,11 +205,17 @@ def _socket_fds() -> dict[int, str]:
     return out
 
 
-def _tcp_fds(before: dict[int, str], after: dict[int, str]) -> list[tuple[int, str]]:
+def _tcp_fds(before: dict[int, str], after: dict[int, str], skip_ports: frozenset[int] = frozenset()
+             ) -> list[tuple[int, str]]:
     """Connected TCP sockets that appeared between two snapshots (the group's connections).
 
     Listening sockets are left out: gloo's listener thread treats a failed ``accept`` as fatal
-    (``gloo::EnforceNotMet`` in transport/tcp/listener.cc terminates the process).
+    (``gloo::EnforceNotMet`` in transport/tcp/listener.cc terminates the process).  So are
+    sockets with a local or remote port in ``skip_ports`` (the job's TCPStore port): when this
+    process hosts the store, its server thread accepts other processes' store connections at
+    any time, also while a group is being built, and shutting one of those down when the group
+    is aborted cut a spare's store connection in the middle of a migration ("Failed to recv,
+    got 0 bytes", 2 demo runs in 16 under load).
     """
     out = []
     for fd, link in after.items():
@@ -219,7 +228,9 @@ def _tcp_fds(before: dict[int, str], after: dict[int, str]) -> list[tuple[int, s
         try:
             if (s.family in (socket.AF_INET, socket.AF_INET6) and s.type == socket.SOCK_STREAM
                     and not s.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)):
-                s.getpeername()  # raises when not connected
+                peer = s.getpeername()  # raises when not connected
+                if peer[1] in skip_ports or s.getsockname()[1] in skip_ports:
+                    continue
                 out.append((fd, link))
         except OSError:
             pass
@@ -296,6 +307,7 @@ class LinkPassGuard:
         self.base_store = store
         self.kv = dist.PrefixStore(f"linkpass/{job}", store)
         self._store, self._job = store, job
+        self._kept_stores: list[Any] = []
         self.rank, self.world_size = rank, world_size
         self.rails = dict(rails)
         self.state = list(state)
@@ -338,7 +350,10 @@ class LinkPassGuard:
         if join is None:
             self.configure(0, rail)
         else:
-            self._join(join)
+            try:
+                self._join(join)
+            except RebuildFailed as e:
+                self._rebuild_failed(e)
 
     # ---------------------------------------------------------------- lifecycle (torchft-like)
 
@@ -372,7 +387,7 @@ class LinkPassGuard:
             opts = dist.ProcessGroupNCCL.Options()
             opts._timeout = self.timeout
             pg = dist.ProcessGroupNCCL(store, self.rank, self.world_size, opts)
-        self._pg_fds = _tcp_fds(before, _socket_fds()) if self.backend == "gloo" else []
+        self._pg_fds = _tcp_fds(before, _socket_fds(), self._store_ports()) if self.backend == "gloo" else []
         self.pg, self.epoch, self.rail = pg, epoch, rail
         self._error = None
         if self.client is not None and epoch > 0:
@@ -521,18 +536,25 @@ class LinkPassGuard:
         try:
             return self._step(fn, *args, **kwargs)
         except RebuildFailed as e:
-            if self.on_unmovable == "raise":
-                raise
-            why = (f"linkpass: REBUILD FAILED: {e}. The job cannot go on in-process; this rank exits "
-                   f"with status {EXIT_REBUILD_FAILED} so the launcher can restart the job.")
-            log.error("%s", why)
-            print(why, file=sys.stderr, flush=True)
-            if self.client is not None:
-                try:
-                    self.client.report("rebuild_failed", reason=str(e)[:500], exit_code=EXIT_REBUILD_FAILED)
-                except Exception:  # noqa: BLE001 - exiting anyway
-                    pass
-            os._exit(EXIT_REBUILD_FAILED)
+            self._rebuild_failed(e)
+
+    def _rebuild_failed(self, e: BaseException, from_thread: bool = False):
+        """Log why, report ``rebuild_failed``, then raise ``e`` (``on_unmovable="raise"``, main
+        thread) or exit :data:`EXIT_REBUILD_FAILED`."""
+        why = (f"linkpass: REBUILD FAILED: {e}. The job cannot go on in-process; this rank exits "
+               f"with status {EXIT_REBUILD_FAILED} so the launcher can restart the job.")
+        log.error("%s", why)
+        if self.on_unmovable == "raise" and not from_thread:
+            raise e
+        print(why, file=sys.stderr, flush=True)
+        if self.client is not None:
+            try:
+                self.client.report("rebuild_failed", reason=str(e)[:500], exit_code=EXIT_REBUILD_FAILED)
+                time.sleep(0.02)
+            except Exception:  # noqa: BLE001 - exiting anyway
+                pass
+        self._flush_logs()
+        os._exit(EXIT_REBUILD_FAILED)
 
     def _step(self, fn: Callable, *args, **kwargs):
         cur = _Call(self.step_index, fn, args, kwargs, self._snapshot())
@@ -595,14 +617,21 @@ class LinkPassGuard:
         rail_from = self.rail
         unmovable = self.backend != "gloo"
         req_key = f"rebuild/{e}/req"
-        # ask the others first (they find the request as soon as their collective fails), then abort
-        if not self.kv.check([req_key]):
-            self.kv.set(req_key, json.dumps({"rank": self.rank, "reason": it.reason, "unmovable": unmovable}))
-        else:
+
+        def ask() -> bool:
+            # ask the others first (they find the request as soon as their collective fails), then abort
+            if not self.kv.check([req_key]):
+                self.kv.set(req_key, json.dumps({"rank": self.rank, "reason": it.reason, "unmovable": unmovable}))
+                return False
             try:
-                unmovable = unmovable or bool(json.loads(self.kv.get(req_key)).get("unmovable"))
-            except (ValueError, RuntimeError):
-                pass
+                return bool(json.loads(self.kv.get(req_key)).get("unmovable"))
+            except ValueError:
+                return False
+
+        try:
+            unmovable = self._store_retry(f"rebuild epoch {e}", ask, time.monotonic() + self.rebuild_timeout_s) or unmovable
+        except Exception as ex:
+            raise RebuildFailed(f"the job's store is unreachable, rebuild epoch {e} cannot be agreed: {ex}") from None
         self.abort()
         t_abort = time.monotonic_ns()
         mig = it.migration or sp.read_migration(self.kv, e)
@@ -642,14 +671,26 @@ class LinkPassGuard:
         ``(resume step, rail, agreed t_ns)``.  Raises RebuildFailed on a store or connect timeout."""
         rank = self.rank if rank is None else rank
         self._fence_point("agree")
-        self.kv.set(f"rebuild/{e}/rank/{rank}", json.dumps({"step": in_step, "usable": view, "rail": rail_from}))
+        deadline = time.monotonic() + self.rebuild_timeout_s
+        mine = json.dumps({"step": in_step, "usable": view, "rail": rail_from})
         keys = [f"rebuild/{e}/rank/{r}" for r in range(self.world_size)]
+
+        def exchange():
+            # a store connection that breaks here is replaced (_store_retry) and the exchange
+            # repeated: setting the same proposal twice is harmless
+            self.kv.set(f"rebuild/{e}/rank/{rank}", mine)
+            left = max(0.001, deadline - time.monotonic())
+            self.kv.wait(keys, datetime.timedelta(seconds=left))
+            return [json.loads(self.kv.get(k)) for k in keys]
+
         try:
-            self.kv.wait(keys, datetime.timedelta(seconds=self.rebuild_timeout_s))
-            props = [json.loads(self.kv.get(k)) for k in keys]
+            props = self._store_retry(f"rebuild epoch {e}", exchange, deadline)
         except Exception as ex:
             raise RebuildFailed(f"not every rank joined rebuild epoch {e} within {self.rebuild_timeout_s} s: {ex}") from None
         t_agree = time.monotonic_ns()
+        failed = [p["failed"] for p in props if p.get("failed")]
+        if failed:
+            raise RebuildFailed(f"rebuild epoch {e} cannot complete: {failed[0]}")
         steps = [p["step"] for p in props if p.get("step") is not None]  # a joining spare has none
         if not steps:
             raise RebuildFailed(f"no rank of rebuild epoch {e} has a step to resume from")
@@ -669,13 +710,58 @@ class LinkPassGuard:
 
     # ---------------------------------------------------------------- rank migration (torch_hooks.spare)
 
+    def _store_ports(self) -> frozenset[int]:
+        ports = {getattr(st, "port", None) for st in [self._store, *self._kept_stores] if isinstance(st, dist.TCPStore)}
+        return frozenset(p for p in ports if p)
+
+    @staticmethod
+    def _connection_error(ex: BaseException) -> bool:
+        """A broken store connection (reconnect and retry), not a timeout (give up)."""
+        if isinstance(ex, dist.DistStoreError) or "timeout" in str(ex).lower():
+            return False
+        return isinstance(ex, (dist.DistNetworkError, ConnectionError, OSError)) or any(
+            t in str(ex) for t in ("Broken pipe", "Connection reset", "Failed to recv", "Connection refused"))
+
+    def _reconnect_store(self, deadline: float) -> bool:
+        """Replace ``base_store``/``kv`` (the agreement's and the gloo rendezvous' handles) with a
+        fresh client connection to the same TCPStore; True when it worked.  The old handle is
+        kept (it may host the store's server)."""
+        st = self._store
+        if not isinstance(st, dist.TCPStore):
+            return False
+        left = max(1.0, min(10.0, deadline - time.monotonic()))
+        try:
+            new = dist.TCPStore(st.host, st.port, is_master=False, timeout=datetime.timedelta(seconds=left))
+        except Exception as e:  # noqa: BLE001 - the store itself is gone
+            log.warning("rank %d: could not reconnect to the job's store %s:%d: %s", self.rank, st.host, st.port,
+                        str(e).splitlines()[0][:200])
+            return False
+        self._kept_stores.append(st)
+        self.base_store = self._store = new
+        self.kv = dist.PrefixStore(f"linkpass/{self._job}", new)
+        log.warning("rank %d: the job's store connection broke; reconnected to %s:%d", self.rank, st.host, st.port)
+        return True
+
+    def _store_retry(self, what: str, fn: Callable, deadline: float):
+        """``fn()`` (store operations on ``self.kv``); after a connection error (not a timeout)
+        reconnect and call it again until ``deadline`` (monotonic s)."""
+        while True:
+            try:
+                return fn()
+            except Exception as ex:
+                if not self._connection_error(ex) or time.monotonic() >= deadline:
+                    raise
+                log.warning("rank %d: store connection failed in %s: %s", self.rank, what, str(ex).splitlines()[0][:200])
+                if not self._reconnect_store(deadline):
+                    time.sleep(0.2)
+
     def _own_kv(self):
         """A second client connection to the job's store (TCPStore), under the same prefix; the
         shared one when the store is not a TCPStore."""
         st = self._store
         if isinstance(st, dist.TCPStore):
             try:
-                own = dist.TCPStore(st.host, st.port, is_master=False, timeout=datetime.timedelta(seconds=10))
+                own = dist.TCPStore(st.host, st.port, is_master=False, timeout=datetime.timedelta(seconds=3))
                 return dist.PrefixStore(f"linkpass/{self._job}", own)
             except Exception as e:  # noqa: BLE001 - fall back to the shared connection
                 log.warning("second store connection failed (%s); using the shared one", e)
@@ -686,7 +772,13 @@ class LinkPassGuard:
         through the store and exit at once (fenced).  With no spare left: say so and exit
         :data:`torch_hooks.spare.EXIT_NO_SPARE` (the other ranks find the request and do the same)."""
         gpu = msg.get("gpu")
-        if gpu is not None and self.gpu is not None and gpu != self.gpu:
+        if gpu is None:
+            # a device fault naming no GPU would move every rank of the node at once: not ours
+            # to act on (the daemon should not send one; an operator decides)
+            inc = msg.get("incident") or {}
+            log.warning("device fault without a GPU (%s on %s); no rank migrates for it", inc.get("code"), inc.get("device"))
+            return
+        if self.gpu is not None and gpu != self.gpu:
             log.info("device fault on GPU %s is not ours (GPU %s); ignored", gpu, self.gpu)
             return
         if not self._fault_lock.acquire(blocking=False):
@@ -698,15 +790,28 @@ class LinkPassGuard:
         self._fencing.set()
         inc = msg.get("incident") or {}
         reason = f"{inc.get('code')} on {inc.get('device')} ({inc.get('domain')}, action {inc.get('action')}): {inc.get('summary') or ''}"
+        e_next = self.epoch + 1
         try:
             # this runs on the client thread while the main thread may be inside a store call:
             # a TCPStore client is one socket and not safe to share between threads, so the
             # request goes over a connection of its own
-            a = sp.request_migration(self._own_kv(), epoch=self.epoch + 1, rank=self.rank, world_size=self.world_size,
+            own = self._own_kv()
+            a = sp.request_migration(own, epoch=e_next, rank=self.rank, world_size=self.world_size,
                                      step=self.step_index, rail=self.rail, reason=reason, host=self.host)
+        except sp.MigrationConflict as c:
+            # two devices failed at once: one rank moves per epoch.  Tell the others (a failed
+            # proposal ends their agreement at once) and stop the job: 76
+            try:
+                own.set(f"rebuild/{e_next}/rank/{self.rank}",
+                        json.dumps({"step": None, "usable": [], "failed": f"rank {self.rank} lost its device too ({reason})"
+                                    f" while rank {c.holder} migrates"}))
+            except Exception:  # noqa: BLE001,S110 - the others then time out (76 as well)
+                pass
+            self._rebuild_failed(RebuildFailed(f"rank {self.rank} lost its device ({reason}) while {c}"), from_thread=True)
         except Exception as e:
-            a = None
-            reason += f"; the store could not take the migration request ({e})"
+            self._rebuild_failed(RebuildFailed(
+                f"rank {self.rank} lost its device ({reason}) but the job's store is unreachable, so no spare can take "
+                f"it over ({str(e).splitlines()[0][:200] if str(e) else type(e).__name__})"), from_thread=True)
         if a is None:
             self._no_spare(f"rank {self.rank} lost its device ({reason}) and no spare worker is left", from_thread=True)
         msg_txt = (f"linkpass: rank {self.rank} lost its device ({reason}); spare {a.spare} takes rank {self.rank} over "

@@ -191,3 +191,38 @@ def test_a_spare_lost_after_its_assignment_stops_the_job_with_76_never_a_hang(tm
     log0 = (tmp_path / f"{tag}-0.log").read_text()
     assert code0 == EXIT_REBUILD_FAILED, log0[-3000:]
     assert "not every rank joined rebuild epoch 1" in log0, log0[-3000:]
+
+
+def test_a_dead_spare_is_skipped_and_a_live_one_on_another_host_takes_over(tmp_path):
+    """h1's idle spare is SIGKILLed; then rank 1 (on h1) loses its GPU: claim_spare skips the
+    dead spare (its pid is gone) and hands rank 1 to the live spare on h0; the job finishes."""
+    import signal
+
+    tag, steps = "kill", 60
+    sock = str(tmp_path / f"{tag}.hooks.sock")
+    fd = FakeDaemon(sock)
+    port = _port()
+    procs = [_launch(tmp_path, tag, port, steps, 0, None), _launch(tmp_path, tag, port, steps, 1, sock),
+             _launch(tmp_path, tag, port, steps, 1, None, spare=True, gpu=1),                           # h1: dies
+             _launch(tmp_path, f"{tag}b", port, steps, 1, None, spare=True, gpu=1, extra=("--host", "h0"))]  # h0: live
+    try:
+        deadline = time.monotonic() + 60
+        while _progress(procs[1][2]) < steps // 3 or not (procs[2][2].exists() and procs[3][2].exists()):
+            assert time.monotonic() < deadline, "no progress"
+            assert all(p.poll() is None for p, _, _ in procs), (tmp_path / f"{tag}-1.log").read_text()[-2000:]
+            time.sleep(0.01)
+        procs[2][0].send_signal(signal.SIGKILL)
+        procs[2][0].wait(10)
+        fd.fault(0)
+        codes = [procs[i][0].wait(90) for i in (0, 1, 3)]
+    finally:
+        for p, _, _ in procs:
+            if p.poll() is None:
+                p.kill()
+        fd.close()
+    logs = "\n".join((tmp_path / f).read_text()[-1500:] for f in (f"{tag}-0.log", f"{tag}-1.log", f"{tag}b-spare.log"))
+    assert codes[0] == 0 and codes[2] == 0 and codes[1] in (EXIT_FENCED, -9), logs
+    live = json.loads(procs[3][1].read_text())
+    assert live["rank"] == 1 and live["steps_done"] == steps, logs
+    assert live["rebuilds"][0]["fenced"] == "other-host"
+    assert "looks dead" in (tmp_path / f"{tag}-1.log").read_text(), logs

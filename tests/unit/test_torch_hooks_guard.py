@@ -376,3 +376,160 @@ def test_a_rank_lost_for_good_stops_the_others_with_a_distinct_status_never_a_ha
     log = (tmp_path / "d0.log").read_text()
     assert rc == EXIT_REBUILD_FAILED, log[-3000:]
     assert "REBUILD FAILED" in log and "Traceback" not in log, log[-3000:]
+
+
+# --------------------------------------------------------------------------- migration edge cases (in-process)
+
+
+def _tcp_pair():
+    import datetime
+
+    import torch.distributed as dist
+
+    port = _free_port()
+    master = dist.TCPStore("127.0.0.1", port, None, True, timeout=datetime.timedelta(seconds=10), wait_for_workers=False)
+    client = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=datetime.timedelta(seconds=10))
+    return master, client, port
+
+
+class _Exit(BaseException):
+    pass
+
+
+@pytest.fixture
+def no_exit(monkeypatch):
+    def fake_exit(code):
+        raise _Exit(code)
+
+    monkeypatch.setattr(os, "_exit", fake_exit)
+
+
+def _guard(store, **kw):
+    from torch_hooks.guard import LinkPassGuard
+
+    return LinkPassGuard(store, 0, 1, rails={0: "lo"}, rail=0, connect=False, job="t", gpu=0, **kw)
+
+
+def test_group_sockets_never_include_store_connections_this_process_serves():
+    """Root cause of the intermittent "Failed to recv, got 0 bytes" in a spare's agreement: when
+    a rank hosts the store, a store client that connects while the rank builds its group was
+    taken for one of the group's sockets, and shut down when the group was aborted."""
+    import datetime
+
+    import torch.distributed as dist
+
+    from torch_hooks.guard import _socket_fds, _tcp_fds
+
+    port = _free_port()
+    master = dist.TCPStore("127.0.0.1", port, None, True, timeout=datetime.timedelta(seconds=10), wait_for_workers=False)
+    before = _socket_fds()
+    late = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=datetime.timedelta(seconds=10))  # a spare connecting
+    late.set("x", "1")
+    after = _socket_fds()
+    assert _tcp_fds(before, after), "the late client's sockets should appear between the snapshots"
+    assert _tcp_fds(before, after, frozenset({port})) == []
+    g = _guard(master)
+    assert port in g._store_ports()
+    assert master.get("x") == b"1"
+
+
+def test_agreement_survives_a_broken_store_connection(no_exit):
+    """The guard's store connection is cut (shutdown) before an agreement: it reconnects and
+    the rebuild completes instead of failing with "Failed to recv"."""
+    import torch.distributed as dist
+
+    from torch_hooks.guard import _socket_fds
+
+    _master, client, port = _tcp_pair()  # _master: keeps the store's server alive
+    g = _guard(client)
+    for fd in _socket_fds():
+        try:
+            s = socket.socket(fileno=fd)
+        except OSError:
+            continue
+        try:
+            if s.family in (socket.AF_INET, socket.AF_INET6) and s.getpeername()[1] == port:
+                s.shutdown(socket.SHUT_RDWR)  # only the client's side: the master's own client is separate
+        except OSError:
+            pass
+        finally:
+            s.detach()
+    resume, rail, _ = g._agree(1, 7, [0], 0, True, "test")
+    assert (resume, rail, g.epoch) == (7, 0, 1)
+    assert g.base_store is not client and isinstance(g.base_store, dist.TCPStore)
+    assert g.kv.get("rebuild/1/rank/0")
+
+
+def test_a_failed_spare_join_ends_like_a_failed_rebuild(no_exit, capsys):
+    """RebuildFailed from the join (a spare's agreement) raises with "raise", exits 76 with one
+    line with "exit", never a traceback."""
+    import torch.distributed as dist
+
+    from torch_hooks import spare as sp
+    from torch_hooks.guard import EXIT_REBUILD_FAILED, LinkPassGuard, RebuildFailed
+
+    a = sp.Assignment(epoch=1, rank=1, world_size=2, step=3, rail=0, host="elsewhere", pid=1, start=None, spare=1)
+    kw = dict(rails={0: "lo"}, rail=0, connect=False, job="t", rebuild_timeout_s=0.3, join=a)
+    with pytest.raises(RebuildFailed):
+        LinkPassGuard(dist.HashStore(), 1, 2, on_unmovable="raise", **kw)
+    with pytest.raises(_Exit) as ei:
+        LinkPassGuard(dist.HashStore(), 1, 2, **kw)
+    assert ei.value.args[0] == EXIT_REBUILD_FAILED
+    assert "REBUILD FAILED" in capsys.readouterr().err
+
+
+def test_a_device_fault_without_a_gpu_moves_no_rank(no_exit):
+    import torch.distributed as dist
+
+    store = dist.HashStore()
+    g = _guard(store)
+    g._on_device_fault({"type": "device_fault", "gpu": None, "incident": {"code": "xid:79", "device": None}})
+    assert not g._fencing.is_set()
+    assert not g.kv.check(["migrate/1/req"]) and not g.kv.check(["migrate/1/lock"])
+
+
+def test_a_second_fault_in_the_same_epoch_stops_the_job_with_76(no_exit, capsys):
+    import torch.distributed as dist
+
+    from torch_hooks import spare as sp
+    from torch_hooks.guard import EXIT_REBUILD_FAILED
+
+    store = dist.HashStore()
+    g = _guard(store)
+    sp.Spare(store, job="t", host="h9")
+    kv = dist.PrefixStore("linkpass/t", store)
+    sp.request_migration(kv, epoch=1, rank=5, world_size=6, step=1, rail=0, reason="first", host="h9", pid=1)
+    with pytest.raises(_Exit) as ei:
+        g._on_device_fault({"type": "device_fault", "gpu": 0, "incident": {"code": "xid:79"}})
+    assert ei.value.args[0] == EXIT_REBUILD_FAILED
+    err = capsys.readouterr().err
+    assert "rank 5 is already migrating" in err and "NO SPARE" not in err
+    assert "failed" in json.loads(kv.get("rebuild/1/rank/0"))  # the others' agreement ends at once
+    assert sp.read_migration(kv, 1)["rank"] == 5
+
+
+def test_a_fault_with_the_store_gone_says_so_and_exits_76_not_69(no_exit, capsys):
+    import datetime
+
+    import torch.distributed as dist
+
+    from torch_hooks.guard import EXIT_REBUILD_FAILED
+
+    port = _free_port()
+    srv = subprocess.Popen([sys.executable, "-c", "import time, torch.distributed as d; "
+                            f"s = d.TCPStore('127.0.0.1', {port}, None, True, wait_for_workers=False); "
+                            "print('up', flush=True); time.sleep(60)"], stdout=subprocess.PIPE)
+    try:
+        assert srv.stdout.readline().strip() == b"up"
+        client = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=datetime.timedelta(seconds=5))
+        g = _guard(client)
+        srv.kill()
+        srv.wait(5)
+        with pytest.raises(_Exit) as ei:
+            g._on_device_fault({"type": "device_fault", "gpu": 0, "incident": {"code": "xid:79"}})
+    finally:
+        if srv.poll() is None:
+            srv.kill()
+    assert ei.value.args[0] == EXIT_REBUILD_FAILED
+    err = capsys.readouterr().err
+    assert "store is unreachable" in err and "NO SPARE" not in err
