@@ -184,10 +184,13 @@ class Demo:
         self.log(f"bytes per rail on h{fault_host} while training: {before}; the job runs on rail {rail}: cutting it ({self.mode})")
         cut = fab.cut(self.name, fault_host, rail, self.mode)
         t_cut = cut["t_issued_ns"]
+        # "after the cut" counts from the moment the cut is in place: traffic sent between reading
+        # c1 and the cut (slow `ip` calls on a busy machine) belongs to before
+        c_cut = _counters(self.desc, fault_host)
         step_at_cut = self._progress("faulted", fault_host)
         self._wait_progress("faulted", fault_host, self.steps * 6 // 10)
         c2 = _counters(self.desc, fault_host)
-        after = {r: c2[r] - c1[r] for r in c2}
+        after = {r: c2[r] - c_cut[r] for r in c2}
         self.log(f"bytes per rail on h{fault_host} after the cut: {after}")
         heal = fab.heal(self.name, fault_host, rail)
         t_heal = heal.get("t_issued_ns") or time.monotonic_ns()
@@ -456,10 +459,11 @@ class RebuildDemo(Demo):
         before = {r: c1[r] - c0[r] for r in c1}
         self.log(f"bytes per rail on h{fault_host} while training: {before}; cutting rail {rail} ({self.mode})")
         t_cut = fab.cut(self.name, fault_host, rail, self.mode)["t_issued_ns"]
+        c_cut = _counters(self.desc, fault_host)  # "after" starts once the cut is in place
         step_at_cut = self._progress("faulted", fault_host)
         self._wait_progress("faulted", fault_host, self.steps * 6 // 10)
         c2 = _counters(self.desc, fault_host)
-        after = {r: c2[r] - c1[r] for r in c2}
+        after = {r: c2[r] - c_cut[r] for r in c2}
         self.log(f"bytes per rail on h{fault_host} after the cut: {after}")
         fab.heal(self.name, fault_host, rail)
         self.log(f"healed rail {rail}: the process group stays on its new rail")
