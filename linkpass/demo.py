@@ -696,7 +696,10 @@ class DeviceFaultDemo(RebuildDemo):
     def _summarize_migration(self, ref, res, taken, codes, host, inj, step_at_fault) -> dict:
         survivors = res + ([taken] if taken else [])
         ok_ranks = len(survivors) == self.hosts
-        steps_done = min(r["steps_done"] for r in survivors) if ok_ranks else 0
+        if ok_ranks:
+            steps_done = min(r["steps_done"] for r in survivors)
+        else:  # the job stopped: the steps every rank finished (progress files; a stopped rank writes no result)
+            steps_done = min((self._progress("faulted", h["index"]) for h in self.desc["hosts"]), default=0)
         same = ok_ranks and all(r["weights_sha256"] == ref[0]["weights_sha256"] for r in survivors + ref)
         joined = next((e for e in (taken or {}).get("rebuilds", []) if e.get("event") == "joined"), None)
         mig_ms = None
@@ -756,7 +759,7 @@ def _print_device_fault_summary(r: dict) -> None:
     t.add_row("fault", f"host h{f['host']}, GPU {f['gpu']} ({f['pci']}), Xid {f['xid']} at step {f['step_at_fault']}")
     t.add_row("steps / lost", f"{r['steps']} / {r['steps_lost']}")
     t.add_row("weights match reference", str(r["weights_match_reference"]))
-    t.add_row("migration (inject -> spare's first step)", f"{r['migration_ms']} ms")
+    t.add_row("migration (inject -> spare's first step)", "-" if r["migration_ms"] is None else f"{r['migration_ms']} ms")
     t.add_row("spare join", json.dumps(r["migration"]))
     t.add_row("faulty process exit", str(r["faulty_exit"]))
     t.add_row("rank exits", json.dumps(r["rank_exits"]))
