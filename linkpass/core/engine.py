@@ -541,19 +541,6 @@ class Engine:
             return math.inf if lw > lb else 0.0
         return (lw - lb) / se
 
-    def _cut_hold_down(self, now_ns: int) -> None:
-        """No rail of ours is usable: every rail in HOLD_DOWN is used at once.  Hold-down keeps
-        traffic off a rail that may flap while another rail carries it; with none left, waiting
-        only prolongs the outage (a flapping rail is still held back by flap damping, which
-        keeps it DOWN, never in HOLD_DOWN)."""
-        for rid in sorted(self.rails):
-            h = self.rails[rid]
-            if h.state == RailState.HOLD_DOWN:
-                t = h.set_state(RailState.UP, now_ns, "hold-down cut short: no other rail is usable")
-                if t:
-                    self._record_transition(t, now_ns)
-                    self._resync_routes = True
-
     def local_usable(self) -> frozenset[int]:
         """Ids of our rails that may carry traffic now."""
         return frozenset(rid for rid, h in self.rails.items() if h.usable)
@@ -562,8 +549,6 @@ class Engine:
         if not self.synced:
             return []  # no plan (and no notice) before the first link dump: we know nothing yet
         actions: list[Action] = []
-        if not self.local_usable():
-            self._cut_hold_down(now_ns)
         path_down = frozenset(k for k, p in self.paths.items() if p.state == PathState.DOWN)
         plan = plan_routes(self.cfg, self.local_usable(), self.peer_usable, path_down, self.avoided_degraded())
         prev_usable = None if self.plan is None else self._plan_usable

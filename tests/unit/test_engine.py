@@ -250,23 +250,6 @@ def test_two_rails_in_hold_down_get_the_earliest_timer_then_the_next():
     assert applies(acts)[0].routes == (host_route(1, (1, 2)),)
 
 
-def test_with_no_rail_usable_a_returning_rail_skips_its_hold_down():
-    """Hold-down keeps traffic off a rail that may flap while another rail carries it; with no
-    rail usable at all, the first rail back is used at once."""
-    eng, _ = started(rails=(0, 1))
-    eng.handle(link(carrier_lost("rail0"), S), S)
-    eng.handle(link(carrier_lost("rail1"), S), S)
-    assert eng.local_usable() == frozenset()
-    acts = eng.handle(link(up("rail1"), 2 * S), 2 * S)
-    assert eng.rails[1].state == RailState.UP and "cut short" in eng.rails[1].reason
-    assert applies(acts)[0].routes == (host_route(1, (1,)),)
-    assert notices(acts)[0].usable == frozenset({1})
-    # the second one back finds rail 1 carrying traffic: it holds down as usual
-    acts = eng.handle(link(up("rail0"), 3 * S), 3 * S)
-    assert eng.rails[0].state == RailState.HOLD_DOWN and timers(acts) == [SetTimer(5 * S)]
-    assert applies(acts) == []
-
-
 def test_operstate_unknown_counts_as_healthy():
     eng, _ = started(rails=(0, 1))
     from linkpass.core.model import LinkFacts
