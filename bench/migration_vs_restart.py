@@ -374,31 +374,7 @@ class MigrationBench(DeviceFaultDemo):
         step_at_fault = self._progress("faulted", fault_host)
         inj = inject_device_fault(self.name, fault_host, 0, 79)
         self.log(f"  injected Xid 79 on h{fault_host} GPU 0 after step {step_at_fault}")
-        deadline = time.monotonic() + (a.steps - step_at_fault) * a.step_s * 2 + 180
-        codes = {}
-        while len(codes) < len(self.jobs) and time.monotonic() < deadline:
-            for i, j in enumerate(self.jobs):
-                if i not in codes and j.poll() is not None:
-                    codes[i] = j.returncode
-            time.sleep(0.05)
-        taken = None
-        for k, sj in enumerate(self.spare_jobs):
-            h, n = divmod(k, max(1, self.spares))
-            f = self.workdir / f"faulted-spare{h}-{n + 1}.json"
-            try:
-                sj.wait(max(0.1, deadline - time.monotonic()) if self._spare_taken(h, n + 1) else 0.5)
-            except subprocess.TimeoutExpired:
-                pass
-            if f.exists():
-                d = json.loads(f.read_text())
-                if not d.get("spare_unused") and "weights_sha256" in d:
-                    taken = d
-        self._stop_spares()
-        res = []
-        for h in self.desc["hosts"]:
-            f = self.workdir / f"faulted-rank{h['index']}.json"
-            if h["index"] != fault_host and f.exists():
-                res.append(json.loads(f.read_text()))
+        codes, taken, res = self._collect_faulted(fault_host, time.monotonic() + (a.steps - step_at_fault) * a.step_s * 2 + 180)
         r = self._summarize_migration([{"weights_sha256": ref_sha or ""}], res, taken, codes, fault_host, inj, step_at_fault)
         r["weights_sha256"] = [x["weights_sha256"] for x in res + ([taken] if taken else [])]
         if taken and taken.get("step_ms"):

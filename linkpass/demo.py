@@ -645,7 +645,13 @@ class DeviceFaultDemo(RebuildDemo):
         step_at_fault = self._progress("faulted", fault_host)
         inj = inject_device_fault(self.name, fault_host, 0, 79)
         self.log(f"injected Xid 79 on h{fault_host} GPU 0 ({inj['pci']}) at step {step_at_fault}")
-        deadline = time.monotonic() + 180
+        codes, taken, res = self._collect_faulted(fault_host, time.monotonic() + 180)
+        return self._summarize_migration(ref, res, taken, codes, fault_host, inj, step_at_fault)
+
+    def _collect_faulted(self, fault_host: int, deadline: float) -> tuple[dict, dict | None, list[dict]]:
+        """After the fault: wait (until ``deadline``, monotonic s) for the ranks to exit, then for
+        the spare that took a rank over; stop the other spares.  Returns ``(exit codes by rank,
+        the taken spare's result or None, the healthy ranks' results)``."""
         codes = {}
         while len(codes) < len(self.jobs) and time.monotonic() < deadline:
             for i, j in enumerate(self.jobs):
@@ -671,7 +677,7 @@ class DeviceFaultDemo(RebuildDemo):
             f = self.workdir / f"faulted-rank{h['index']}.json"
             if h["index"] != fault_host and f.exists():
                 res.append(json.loads(f.read_text()))
-        return self._summarize_migration(ref, res, taken, codes, fault_host, inj, step_at_fault)
+        return codes, taken, res
 
     def _spare_taken(self, h: int, n: int) -> bool:
         try:
