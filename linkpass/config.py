@@ -570,7 +570,9 @@ def parse_config(text: str, source: str = "<config>") -> Config:
         The validated :class:`Config`.
 
     Raises:
-        ConfigError: one line ``<source>: <field>: <problem>``.
+        ConfigError: one line ``<source>: <field>: <problem>``, or ``<source>: <problem>`` for
+            text that is not TOML, arrays/inline tables nested so deeply that the TOML reader
+            runs out of stack (RecursionError), or a document too large for memory.
     """
     text = text.removeprefix("\ufeff")  # a UTF-8 byte order mark (some Windows editors write one)
     try:
@@ -581,12 +583,19 @@ def parse_config(text: str, source: str = "<config>") -> Config:
             last = text.split("\n")
             why = why[: -len(")")] + f", line {len(last)}, column {len(last[-1]) + 1})"
         raise ConfigError(f"{source}: not valid TOML: {why}") from None
+    except RecursionError:  # tomllib recurses once per nested array / inline table
+        raise ConfigError(f"{source}: cannot parse: arrays or inline tables nested too deeply "
+                          "(past the TOML reader's recursion limit)") from None
+    except MemoryError:
+        raise ConfigError(f"{source}: cannot read: out of memory while parsing the TOML") from None
     try:
         return Config.model_validate(raw)
     except ValidationError as e:
         problems = validation_problems(e, source)
         more = f" (and {len(problems) - 1} more problem(s))" if len(problems) > 1 else ""
         raise ConfigError(f"{problems[0]}{more}", problems) from None
+    except (RecursionError, MemoryError) as e:  # a deep value pydantic walks, or one too large to hold
+        raise ConfigError(f"{source}: cannot validate: {'values nested too deeply' if isinstance(e, RecursionError) else 'out of memory'}") from None
 
 
 def load_config(path: str | Path) -> Config:
@@ -682,11 +691,16 @@ def notice_key(cfg: Config, source: str) -> bytes | None:
         raise ConfigError(f"{source}: daemon.notice_key_file: {e}") from None
 
 
+#: The largest notice key file read, in bytes (`linkpass fabric` writes 64 hex digits).
+MAX_KEY_FILE_BYTES = 4096
+
+
 def read_key_file(path: str | Path) -> bytes:
     """Read the shared notice key.
 
     The file must be a regular file not readable or writable by group or others (mode 0600
-    or stricter) and hold at least 16 bytes after stripping surrounding whitespace.
+    or stricter), of at most :data:`MAX_KEY_FILE_BYTES` bytes, and hold at least 16 bytes after
+    stripping surrounding whitespace.  At most ``MAX_KEY_FILE_BYTES`` + 1 bytes are read.
 
     Raises:
         ConfigError: naming the file and what is wrong.
@@ -702,10 +716,16 @@ def read_key_file(path: str | Path) -> bytes:
         raise ConfigError(f"{p}: notice key file is not a regular file")
     if st.st_mode & 0o077:
         raise ConfigError(f"{p}: notice key file has mode {st.st_mode & 0o777:04o}; it must be 0600 (no group/other access)")
+    if st.st_size > MAX_KEY_FILE_BYTES:
+        raise ConfigError(f"{p}: notice key file is {st.st_size} bytes; at most {MAX_KEY_FILE_BYTES} are read")
     try:
-        key = p.read_bytes().strip()
+        with p.open("rb") as f:
+            key = f.read(MAX_KEY_FILE_BYTES + 1)
     except OSError as e:
         raise ConfigError(f"{p}: cannot read notice key file: {e.strerror}") from None
+    if len(key) > MAX_KEY_FILE_BYTES:  # grew after the stat
+        raise ConfigError(f"{p}: notice key file is over {MAX_KEY_FILE_BYTES} bytes; at most {MAX_KEY_FILE_BYTES} are read")
+    key = key.strip()
     if len(key) < 16:
         raise ConfigError(f"{p}: notice key is {len(key)} bytes; at least 16 are required")
     return key

@@ -165,6 +165,38 @@ def test_bad_toml(text):
     assert "not valid TOML" in s and ("line" in s or "end of document" in s)
 
 
+DEEP = {
+    "array-500": "x = " + "[" * 500 + "]" * 500 + "\n",
+    "inline-table-500": "x = " + "{a=" * 500 + "1" + "}" * 500 + "\n",
+    "array-50000": "x = " + "[" * 50_000 + "]" * 50_000 + "\n",
+    "deep-under-a-real-key": EXAMPLE.replace('host = "h0"', 'host = ' + "[" * 5000 + "]" * 5000, 1),
+}
+
+
+@pytest.mark.parametrize("case", list(DEEP))
+def test_deeply_nested_toml_is_one_line_not_a_recursion_error(case):
+    with pytest.raises(ConfigError) as ei:
+        parse_config(DEEP[case], "x.toml")
+    s = assert_one_line(ei.value, "x.toml", None)
+    assert "nested too deeply" in s and ei.value.__cause__ is None and ei.value.__suppress_context__
+
+
+def test_nesting_tomllib_can_take_is_an_ordinary_validation_error():
+    with pytest.raises(ConfigError) as ei:
+        parse_config(EXAMPLE + "x = " + "[" * 20 + "]" * 20 + "\n", "x.toml")
+    assert "x: " in assert_one_line(ei.value, "x.toml", None)
+
+
+def test_out_of_memory_while_parsing_is_one_line(monkeypatch):
+    def boom(text):
+        raise MemoryError
+
+    monkeypatch.setattr(config_mod.tomllib, "loads", boom)
+    with pytest.raises(ConfigError) as ei:
+        parse_config(EXAMPLE, "x.toml")
+    assert "out of memory" in assert_one_line(ei.value, "x.toml", None)
+
+
 @pytest.mark.parametrize(
     "case,field",
     [
@@ -280,6 +312,15 @@ def test_key_file_too_short(tmp_path):
         read_key_file(p)
     s = assert_one_line(ei.value, str(p), None)
     assert "15 bytes" in s and "16" in s
+
+
+def test_key_file_over_the_limit_is_refused_before_reading(tmp_path):
+    p = key_file(tmp_path, b"k" * (config_mod.MAX_KEY_FILE_BYTES + 1))
+    with pytest.raises(ConfigError) as ei:
+        read_key_file(p)
+    s = assert_one_line(ei.value, str(p), None)
+    assert f"{config_mod.MAX_KEY_FILE_BYTES + 1} bytes" in s and f"at most {config_mod.MAX_KEY_FILE_BYTES}" in s
+    assert len(read_key_file(key_file(tmp_path, b"k" * config_mod.MAX_KEY_FILE_BYTES))) == config_mod.MAX_KEY_FILE_BYTES
 
 
 def test_key_file_missing(tmp_path):

@@ -129,6 +129,8 @@ BAD_FILES = {
     "duplicate-key": (edit('host = "h0"', 'host = "h0"\nhost = "h2"'), "not valid TOML: "),
     "non-utf8": (GOOD.encode().replace(b"h1", b"h\xff1"), "not UTF-8 text"),
     "binary": (b"\x00\x01\x02\x7fELF\x00", "not valid TOML: "),
+    "deep-array": ("x = " + "[" * 500 + "]" * 500 + "\n", "nested too deeply"),
+    "deep-inline-table": ("x = " + "{a=" * 500 + "1" + "}" * 500 + "\n", "nested too deeply"),
 }
 
 
@@ -436,6 +438,19 @@ def test_check_says_what_the_daemon_says(tmp_path, capsys):
         assert rc == 2 and err == [_daemon_line(p, tmp_path)], name
     rc, _, err = check(capsys, fifo)  # the config itself
     assert rc == 2 and err == [_daemon_line(fifo, tmp_path)] == [f"{fifo}: not a regular file (a FIFO)"]
+
+
+def test_run_refuses_what_the_reader_cannot_take_in_one_line(tmp_path, capsys):
+    """Deep nesting (a RecursionError inside tomllib), bytes that are not UTF-8, an oversized
+    file and a directory: `linkpass run` exits 2 with the line `config check` prints, no traceback."""
+    cases = {name: write(tmp_path, BAD_FILES[name][0], f"{name}.toml")
+             for name in ("deep-array", "deep-inline-table", "non-utf8")}
+    cases["too-large"] = write(tmp_path, b"#" * (config_mod.MAX_CONFIG_BYTES + 1), "big.toml")
+    cases["directory"] = tmp_path
+    for name, p in cases.items():
+        rc, _, err = check(capsys, p)
+        assert rc == 2 and len(err) == 1 and err[0].startswith(f"{p}: "), (name, err)
+        assert _daemon_line(p, tmp_path) == err[0], name
 
 
 # ----------------------------------------------------------------------------- show
