@@ -50,6 +50,67 @@ class StartError(Exception):
     """The daemon cannot start here (socket or port in use, bad path); one line, exit 2."""
 QUERY_LIMIT = 16 * 1024 * 1024  # a full history is ~300 KB; asyncio's default line limit is 64 KiB
 
+#: The longest control request line the daemon reads, in bytes (a request is ``{"cmd": "history"}``).
+MAX_REQUEST_BYTES = 64 * 1024
+#: Connections the kernel queues on the control socket before the daemon accepts them (the
+#: listen(2) backlog; Linux caps it at net.core.somaxconn, 4096 by default since 5.4).  Up to
+#: this many clients connecting at once (a node's ranks all polling status) are all answered.
+CONTROL_BACKLOG = 1024
+#: Seconds a control client has to send its request line, and again to take the reply.
+CONTROL_TIMEOUT_S = 5.0
+#: Nanoseconds between two warnings about bad control requests (the others are counted).
+BAD_REQUEST_WARN_INTERVAL_NS = 10 * 1_000_000_000
+
+
+def parse_request(line: bytes) -> tuple[dict | None, str | None]:
+    """One control request line -> ``(request, None)``, or ``(None, why)`` when it is not one.
+
+    An empty line (the client closed without writing) is ``{"cmd": "status"}``.  A request is a
+    UTF-8 JSON object whose ``cmd``, when present, is a string.  Never raises: bytes that are not
+    UTF-8, text that is not JSON, JSON nested past the parser's recursion limit, and any other
+    value each give a one-line ``why`` (no part of the input is echoed).
+    """
+    if not line:
+        return {"cmd": "status"}, None
+    try:
+        text = line.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return None, f"request is not UTF-8 text (bad byte at offset {e.start})"
+    try:
+        req = json.loads(text)
+    except json.JSONDecodeError as e:
+        return None, f"request is not JSON ({e.msg} at offset {e.pos})"
+    except RecursionError:
+        return None, "request is JSON nested too deeply"
+    if not isinstance(req, dict):
+        return None, 'request must be a JSON object such as {"cmd": "status"}'
+    if not isinstance(req.get("cmd", "status"), str):
+        return None, 'request "cmd" must be a string such as "status"'
+    return req, None
+
+
+class _Throttle:
+    """At most one ``True`` per ``interval_ns``; counts the calls it said ``False`` to.
+
+    Args:
+        interval_ns: nanoseconds between two allowed calls.
+        clock: monotonic nanoseconds (tests pass a fake).
+    """
+
+    def __init__(self, interval_ns: int, clock=time.monotonic_ns):
+        self.interval_ns, self.clock = interval_ns, clock
+        self._last: int | None = None
+        self.suppressed = 0  # calls refused since the last allowed one
+
+    def allow(self) -> tuple[bool, int]:
+        """``(allowed, refused since the last allowed call)``; the count restarts when allowed."""
+        now = self.clock()
+        if self._last is not None and now - self._last < self.interval_ns:
+            self.suppressed += 1
+            return False, self.suppressed
+        self._last, n, self.suppressed = now, self.suppressed, 0
+        return True, n
+
 
 class Daemon:
     """One linkpass daemon for the current network namespace.
@@ -108,6 +169,8 @@ class Daemon:
         self.tasks: dict[str, asyncio.Task] = {}
         self._tuned: set[str] = set()
         self.reload_error: str | None = None
+        self.control_bad_requests = 0  # control requests answered with {"error": ...}
+        self._bad_request_warn = _Throttle(BAD_REQUEST_WARN_INTERVAL_NS)
 
     def _resolve(self, cfg: Config) -> Config:
         """``[topology] rails = "auto"``: discover this host and derive rails and peers.
@@ -328,28 +391,46 @@ class Daemon:
             **({f"probes_{k}": v for k, v in self.prober.counters.items()} if self.prober else {}),
             "probe_results_forwarded": self.probe_filter.forwarded,
             "probe_results_absorbed": self.probe_filter.absorbed,
+            "control_bad_requests": self.control_bad_requests,
         }
         st["device_sources"] = {name: src.status() for name, src in self.device_sources.items()}
         return st
 
     async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Answer one control request with one JSON line, then close.
+
+        Every request gets a reply: a bad one (not UTF-8, not a JSON object, nested too deeply,
+        a line over :data:`MAX_REQUEST_BYTES`, no line within :data:`CONTROL_TIMEOUT_S`, an
+        unknown ``cmd``) gets ``{"error": "<why>"}``, is counted (``control_bad_requests``) and
+        logs at most one warning line per 10 s (:data:`BAD_REQUEST_WARN_INTERVAL_NS`), never a
+        traceback.  A client that takes no reply within ``CONTROL_TIMEOUT_S`` is dropped.
+        """
+        req: dict | None = None
         try:
-            line = await asyncio.wait_for(reader.readline(), 5)
             try:
-                req = json.loads(line or b"{}")
-                cmd = req.get("cmd", "status") if isinstance(req, dict) else None
-            except json.JSONDecodeError:
-                cmd = None
-            if cmd == "status":
+                line = await asyncio.wait_for(reader.readline(), CONTROL_TIMEOUT_S)
+            except asyncio.TimeoutError:
+                req, why = None, f"no request line within {CONTROL_TIMEOUT_S:g} s"
+            except ValueError:  # asyncio's LimitOverrunError: no newline within the stream's limit
+                req, why = None, f"request line over {MAX_REQUEST_BYTES} bytes"
+            else:
+                req, why = parse_request(line)
+            cmd = req.get("cmd", "status") if req is not None else None
+            if why is not None:
+                resp = {"error": why}
+            elif cmd == "status":
                 resp = self.status()
             elif cmd == "history":
                 resp = {"schema": "linkpass.history/v1", "history": [h.to_json() for h in self.engine.history]}
             elif cmd == "debug-block-loop" and os.environ.get("LINKPASS_DEBUG") == "1":
                 resp = _debug_block_request(req)
             else:
+                why = "unknown request"
                 resp = {"error": "unknown request; send {\"cmd\": \"status\"} or {\"cmd\": \"history\"}"}
+            if why is not None:
+                self._bad_request(why)
             writer.write(json.dumps(resp).encode() + b"\n")
-            await writer.drain()
+            await asyncio.wait_for(writer.drain(), CONTROL_TIMEOUT_S)
             if resp.get("blocking_s"):
                 # test aid (LINKPASS_DEBUG=1 only): hold the event loop like a hung daemon would,
                 # so tests see the systemd watchdog pings stop
@@ -357,8 +438,22 @@ class Daemon:
                 time.sleep(resp["blocking_s"])
         except (asyncio.TimeoutError, ConnectionError):
             pass
+        except Exception:  # our bug answering a valid request, not the client's input
+            log.exception("control socket: answering %r failed", req)
+            try:
+                writer.write(b'{"error": "internal error; see the daemon log"}\n')
+            except Exception:
+                pass
         finally:
             writer.close()
+
+    def _bad_request(self, why: str) -> None:
+        """Count a bad control request; one warning line, rate limited (see :class:`_Throttle`)."""
+        self.control_bad_requests += 1
+        allowed, before = self._bad_request_warn.allow()
+        if allowed:
+            more = f" ({before} more since the last warning)" if before else ""
+            log.warning("control socket: bad request answered with an error: %s%s", why, more)
 
     def _check_control_path(self) -> Path:
         """Make sure we may use the control socket path; remove a stale socket of ours.
@@ -392,7 +487,8 @@ class Daemon:
 
     async def _start_control(self, path: Path) -> None:
         try:
-            self._server = await asyncio.start_unix_server(self._client, path=str(path))
+            self._server = await asyncio.start_unix_server(self._client, path=str(path), backlog=CONTROL_BACKLOG,
+                                                           limit=MAX_REQUEST_BYTES)
             os.chmod(path, 0o660)
         except OSError as e:
             raise StartError(f"control_socket {path}: cannot listen: {e.strerror or e}") from None
@@ -418,16 +514,29 @@ class Daemon:
             self.sd.reloaded()
 
     def _reload(self) -> None:
+        """Re-read the config file and apply it.
+
+        A config that cannot be used (any :class:`ConfigError`: unreadable, not TOML, nested too
+        deeply, invalid; or an unexpected error while reading or resolving it) changes nothing:
+        the running config is kept, ``reload_error`` says why (``linkpass status`` shows it among
+        the warnings) and one ERROR line is logged.  A good reload clears ``reload_error``.
+        """
+        saved = (self.nccl_topology, self.autoconf_notes, self.autoconf_warnings)  # _resolve sets them
         try:
-            cfg = load_config(self.config_path)
-            self.source_cfg = cfg
+            source_cfg = cfg = load_config(self.config_path)
             if cfg.auto:
                 cfg = self._resolve(cfg)
             key = notice_key(cfg, self.config_path)
-        except ConfigError as e:
-            log.error("reload refused, keeping the running config: %s", e)
-            self.reload_error = f"last reload refused, running config kept: {e}"
+        except Exception as e:
+            self.nccl_topology, self.autoconf_notes, self.autoconf_warnings = saved
+            why = str(e) if isinstance(e, ConfigError) else f"{self.config_path}: {type(e).__name__}: {e}"
+            why = " ".join(why.split())  # one line
+            log.error("reload refused, keeping the running config: %s", why)
+            if not isinstance(e, ConfigError):
+                log.debug("reload failure", exc_info=True)
+            self.reload_error = f"last reload refused, running config kept: {why}"
             return
+        self.source_cfg = source_cfg
         self.reload_error = None
         if cfg.daemon.host != self.cfg.daemon.host:
             log.warning("host renamed %s -> %s: peers know this host by name, update their configs too", self.cfg.daemon.host, cfg.daemon.host)
