@@ -54,7 +54,13 @@ def register(sub) -> None:
 
 def _read(name: str) -> bytes:
     """The bytes of FILE (``-``: stdin), at most :data:`MAX_BYTES`, cut back to the last whole
-    line when there was more (a warning on stderr says so and where)."""
+    line when there was more (a warning on stderr says so and where).
+
+    FILE is read by :func:`topology.importers.read_capped`: a regular file or a pipe
+    (``<(journalctl -k)``; a FIFO without a writer reads as empty, never hangs); a device
+    (``/dev/kmsg``, ``/dev/zero``) is refused: use ``dmesg | linkpass classify``."""
+    from topology.importers import Refused, read_capped
+
     if name == "-":
         src = sys.stdin.buffer if hasattr(sys.stdin, "buffer") else None
         data = src.read(MAX_BYTES + 1) if src is not None else sys.stdin.read(MAX_BYTES + 1).encode()
@@ -63,8 +69,9 @@ def _read(name: str) -> bytes:
         label = name
         p = Path(name)
         try:
-            with p.open("rb") as fh:
-                data = fh.read(MAX_BYTES + 1)
+            data = read_capped(p, MAX_BYTES)
+        except Refused as e:
+            raise _BadInput(f"{name}: {e}") from None
         except FileNotFoundError:
             raise _BadInput(f"{name}: no such file") from None
         except IsADirectoryError:

@@ -60,6 +60,8 @@ CONTROL_BACKLOG = 1024
 CONTROL_TIMEOUT_S = 5.0
 #: Nanoseconds between two warnings about bad control requests (the others are counted).
 BAD_REQUEST_WARN_INTERVAL_NS = 10 * 1_000_000_000
+#: The largest ``<kmsg_path>.gpus.json`` (bus id -> GPU index, the emulated fabric's) read, in bytes.
+MAX_GPUS_JSON_BYTES = 1 << 20
 
 
 def parse_request(line: bytes) -> tuple[dict | None, str | None]:
@@ -300,10 +302,11 @@ class Daemon:
         path = self.cfg.device.kmsg_path
         if path != "/dev/kmsg":
             try:
-                with open(f"{path}.gpus.json") as f:
-                    idx = json.load(f).get(bus)
+                with open(f"{path}.gpus.json", "rb") as f:
+                    data = f.read(MAX_GPUS_JSON_BYTES + 1)
+                idx = json.loads(data).get(bus) if len(data) <= MAX_GPUS_JSON_BYTES else None
                 return idx if isinstance(idx, int) else None
-            except (OSError, ValueError, AttributeError):
+            except (OSError, ValueError, AttributeError, RecursionError):
                 return None
         return None
 

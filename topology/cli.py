@@ -40,12 +40,23 @@ def _check_sysfs_root(root: str) -> None:
                          f"sys/class/net or sys/class/infiniband); make one with `linkpass topology capture --out DIR`")
 
 
+#: The largest capture metadata file read, in bytes (`topology capture` writes about 200).
+MAX_META_BYTES = 64 * 1024
+
+
 def _captured_host(root: str) -> str:
+    """The host name a captured tree's metadata gives; "" when it cannot be read (missing, over
+    :data:`MAX_META_BYTES`, not JSON, nested too deeply, a device or FIFO...)."""
     from pathlib import Path
 
+    from topology.importers import read_capped
+
     try:
-        return str(json.loads((Path(root) / CAPTURE_META).read_text()).get("host") or "")
-    except (OSError, ValueError, AttributeError):
+        data = read_capped(Path(root) / CAPTURE_META, MAX_META_BYTES, pipe_idle_s=0)
+        if len(data) > MAX_META_BYTES:
+            return ""
+        return str(json.loads(data).get("host") or "")
+    except (OSError, ValueError, AttributeError, RecursionError):
         return ""
 
 

@@ -194,16 +194,28 @@ def check_private_file(path: str, option: str) -> os.stat_result:
     return st
 
 
+#: The largest broker password file read, in bytes.
+MAX_PASSWORD_FILE_BYTES = 64 * 1024
+
+
 def read_password_file(path: str) -> str:
     """The broker password: the first line of ``path`` (trailing newline and spaces removed).
 
+    At most :data:`MAX_PASSWORD_FILE_BYTES` + 1 bytes are read.
+
     Raises:
-        MqttSetupError: missing, readable by others, unreadable, not UTF-8 or empty.
+        MqttSetupError: missing, readable by others, not a regular file, over
+            ``MAX_PASSWORD_FILE_BYTES`` bytes, unreadable, not UTF-8 or empty.
     """
-    check_private_file(path, "password_file")
+    st = check_private_file(path, "password_file")
+    if st.st_size > MAX_PASSWORD_FILE_BYTES:
+        raise MqttSetupError(f"mqtt.password_file {path}: too large ({st.st_size} bytes; at most {MAX_PASSWORD_FILE_BYTES})")
     try:
-        with open(path, encoding="utf-8") as f:
-            pw = f.readline().rstrip("\r\n")
+        with open(path, "rb") as f:
+            data = f.read(MAX_PASSWORD_FILE_BYTES + 1)
+        if len(data) > MAX_PASSWORD_FILE_BYTES:  # grew after the stat
+            raise MqttSetupError(f"mqtt.password_file {path}: too large (over {MAX_PASSWORD_FILE_BYTES} bytes)")
+        pw = data.split(b"\n", 1)[0].decode("utf-8").rstrip("\r")
     except (OSError, UnicodeDecodeError) as e:
         raise MqttSetupError(f"mqtt.password_file {path}: cannot read: {getattr(e, 'strerror', None) or e}") from None
     if not pw:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -94,6 +95,15 @@ def test_binary_file(capsys, tmp_path):
 def test_directory(capsys, tmp_path):
     rc, _, err = run_cli([str(tmp_path)], capsys)
     assert rc == 2 and err.strip() == f"linkpass classify: {tmp_path}: is a directory"
+
+
+def test_devices_are_refused_unread_and_a_fifo_without_writer_does_not_hang(capsys, tmp_path):
+    rc, _, err = run_cli(["/dev/zero"], capsys)  # no end: reading it up to the cap would be 256 MiB of NULs
+    assert rc == 2 and err.strip() == "linkpass classify: /dev/zero: not a regular file (a character device)"
+    fifo = tmp_path / "log.fifo"
+    os.mkfifo(fifo)
+    rc, out, _ = run_cli([str(fifo)], capsys)
+    assert rc == 0 and "no incidents in 0 line(s)" in out
 
 
 def test_unreadable_topology(capsys, tmp_path):

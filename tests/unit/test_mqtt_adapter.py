@@ -185,6 +185,18 @@ def test_password_file_rules(tmp_path):
         mqtt.read_password_file(str(tmp_path))
 
 
+def test_password_file_over_the_limit_is_refused_not_cut(tmp_path):
+    p = tmp_path / "pw"
+    p.write_bytes(b"x" * (mqtt.MAX_PASSWORD_FILE_BYTES + 1))  # no newline: one huge "first line"
+    os.chmod(p, 0o600)
+    with pytest.raises(MqttSetupError) as e:
+        mqtt.read_password_file(str(p))
+    msg = str(e.value)
+    assert msg == f"mqtt.password_file {p}: too large ({mqtt.MAX_PASSWORD_FILE_BYTES + 1} bytes; at most {mqtt.MAX_PASSWORD_FILE_BYTES})"
+    p.write_bytes(b"s3cret\n\xff\xfe binary after the first line is not read as text\n")
+    assert mqtt.read_password_file(str(p)) == "s3cret"
+
+
 def test_tls_file_errors(tmp_path):
     assert mqtt.build_tls_context(MqttSection()) is None
     assert mqtt.build_tls_context(MqttSection(tls=True)) is not None  # the system's CAs

@@ -142,6 +142,7 @@ def test_no_healthy_port_exits_1_with_the_error(capsys, tree, tmp_path):
 @pytest.mark.parametrize("argv, msg", [
     (["--sysfs-root", "/nonexistent/lp"], "--sysfs-root /nonexistent/lp: no such directory"),
     (["--from", "/nonexistent/ibstat.txt"], "--from: nothing could be read"),
+    (["--from", "/dev/zero"], "/dev/zero: not a regular file (a character device)"),  # not read at all
     (["--nccl-version", "new"], "--nccl-version: NCCL version 'new'"),
     (["--gpu", "8"], "GPU 8: this host has 8 GPU(s)"),
     (["--config", "/nonexistent/lp.toml"], "/nonexistent/lp.toml: no such file"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -102,3 +103,82 @@ def test_capture_records_the_host_and_reads_back(tmp_path):
     doc = json.loads(run("--sysfs-root", str(out), "--json").stdout)
     assert doc["host"] == socket.gethostname()
     assert json.loads(run("--sysfs-root", str(out), "--json", "--host", "node-a").stdout)["host"] == "node-a"
+
+
+# ----------------------------------------------------------------------------- bounded reads
+
+
+def test_an_oversized_file_is_refused_after_reading_only_the_cap(tmp_path, monkeypatch):
+    import topology.importers as imp
+
+    f = tmp_path / "big.txt"
+    f.write_bytes(b"GPU0\tX\n" * 1000)  # 7000 bytes
+    assert len(imp.read_capped(f, 100)) == 101  # never the whole file
+    monkeypatch.setattr(imp, "MAX_BYTES", 100)
+    t = parse_file(f)
+    assert t.warnings == [f"{f}: larger than 100 bytes; not read (a captured tool output is far smaller: is it the right file?)"]
+    assert not (t.gpus or t.nics)
+
+
+def test_dev_zero_is_refused_unread():
+    t = parse_file("/dev/zero")
+    assert t.warnings == ["/dev/zero: not a regular file (a character device)"]
+    p = run("--from", "/dev/zero")
+    assert p.returncode == 2 and "/dev/zero: not a regular file (a character device)" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_fifo_without_a_writer_reads_as_empty_and_does_not_block(tmp_path):
+    fifo = tmp_path / "topo.fifo"
+    os.mkfifo(fifo)
+    assert parse_file(fifo).warnings == [f"{fifo}: empty file"]
+
+
+def test_fifo_whose_writer_sends_nothing_is_given_up_on(tmp_path):
+    import topology.importers as imp
+
+    fifo = tmp_path / "topo.fifo"
+    os.mkfifo(fifo)
+    held = os.open(fifo, os.O_RDWR | os.O_NONBLOCK)  # a writer that never writes
+    try:
+        with pytest.raises(imp.Refused, match=r"no data for 0\.01 s"):
+            imp.read_capped(fifo, pipe_idle_s=0.01)
+    finally:
+        os.close(held)
+
+
+def test_a_pipe_is_read_to_its_end_or_the_cap(tmp_path):
+    """`--from <(cmd)`: the shell hands over /dev/fd/N, a pipe."""
+    import topology.importers as imp
+
+    text = corpus_file("nvsmi_topo/hgx_h100_8gpu_8nic_1to1_pix.nvsmi_topo.txt").read_bytes()
+    r, w = os.pipe()
+    try:
+        os.write(w, text)
+        os.close(w)
+        w = None
+        t = parse_file(f"/dev/fd/{r}")
+        assert len(t.gpus) == 8 and t.warnings == []
+    finally:
+        os.close(r)
+        if w is not None:
+            os.close(w)
+    r, w = os.pipe()
+    try:
+        os.write(w, b"x" * 5000)  # the writer keeps the pipe open: the cap ends the read, not EOF
+        assert len(imp.read_capped(f"/dev/fd/{r}", 1000)) == 1001
+    finally:
+        os.close(r)
+        os.close(w)
+
+
+def test_capture_metadata_that_is_huge_or_deep_gives_no_host(tmp_path, monkeypatch):
+    from topology import cli as tcli
+
+    meta = tmp_path / tcli.CAPTURE_META
+    meta.parent.mkdir(parents=True, exist_ok=True)
+    meta.write_text('{"host": "h7"}')
+    assert tcli._captured_host(str(tmp_path)) == "h7"
+    meta.write_text('{"host": "h7", "pad": "' + "x" * tcli.MAX_META_BYTES + '"}')
+    assert tcli._captured_host(str(tmp_path)) == ""
+    meta.write_text("[" * 30_000 + "]" * 30_000)  # under the size cap: the parser's recursion limit
+    assert tcli._captured_host(str(tmp_path)) == ""
