@@ -9,7 +9,9 @@ of each rail over ``loss_window_ms``.  This filter forwards exactly those and po
 crosses the DEGRADED threshold), so the engine sees tens of events a second instead of thousands.
 Paths that have never answered are left out of the loss ratio (their peer may not run a prober
 yet), and so are dead paths (20 misses in a row, or 2 x detect_multiplier if more, until they answer again): a
-dead peer is a path problem, not loss on the rail.
+dead peer is a path problem, not loss on the rail.  Nor are misses the prober marks
+``peer_elsewhere=False`` (the peer answered on none of our rails meanwhile): a peer that is
+silent everywhere at once says nothing about any one rail.
 """
 
 from __future__ import annotations
@@ -82,7 +84,9 @@ class ProbeFilter:
             self.forwarded += 1
         else:
             self.absorbed += 1
-        if answered_before:
+        if answered_before and (ev.ok or ev.peer_elsewhere is not False):
+            # a miss while the peer answered on no rail at all is the peer's silence (stalled,
+            # overloaded, gone), not loss on this rail
             self._account(key, ev)
 
     def _live(self, key: tuple[int, str]) -> bool:

@@ -47,6 +47,7 @@ import hashlib
 import errno
 import logging
 import socket
+import struct
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -59,6 +60,21 @@ log = logging.getLogger("linkpass.prober")
 
 RECV_BUF = 512  # anything longer than wire.MAX_LEN is rejected as oversized anyway
 RECV_BATCH = 64  # datagrams read per readiness callback before yielding to the loop
+DRAIN_MAX = 4096  # datagrams read per socket when draining before a verdict (bounds one tick)
+# Linux socket options Python does not name (include/uapi/asm-generic/socket.h):
+# SO_TIMESTAMPNS (35): each datagram carries the time the stack received it (struct timespec,
+# CLOCK_REALTIME) as an SCM_TIMESTAMPNS control message; SO_RXQ_OVFL (40): each carries the
+# socket's running count of datagrams dropped because its receive queue was full (u32).
+SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)
+SO_RXQ_OVFL = getattr(socket, "SO_RXQ_OVFL", 40)
+SO_RCVBUFFORCE = getattr(socket, "SO_RCVBUFFORCE", 33)
+_TIMESPEC = struct.Struct("@qq")
+_U32 = struct.Struct("@I")
+_ANC_BUF = socket.CMSG_SPACE(_TIMESPEC.size) + socket.CMSG_SPACE(_U32.size)
+#: truesize the kernel charges per queued small UDP datagram (an skb plus its data; about
+#: 0.8-1.3 KiB on x86_64), to turn a datagram count into a receive buffer size
+SKB_TRUESIZE = 1280
+RCVBUF_MAX = 16 << 20
 SOCKET_RETRY_NS = 1_000_000_000  # a rail socket that could not be made is retried this often
 _GONE = {errno.ENODEV, errno.ENXIO}
 
@@ -115,7 +131,14 @@ class Prober:
             ``passive_misses`` (expected proof that did not come), ``rejected_<kind>`` for each :class:`linkpass.core.probe.ProbeError` kind
             (``auth``, ``malformed``, ``oversized``, ``misaddressed``, ``unexpected``, ``replay``);
             ``socket_errors`` (a rail socket or the responder could not be opened) and
-            ``internal_errors`` (a tick failed; logged with its traceback).
+            ``internal_errors`` (a tick failed; logged with its traceback); ``rx_dropped``
+            (datagrams the kernel dropped because a socket's receive queue was full, from
+            ``SO_RXQ_OVFL``: real probes lost to a burst are counted here, never silently),
+            ``late_wakeups`` (the prober's own timer ran more than :attr:`lag_void_ns` late)
+            and ``voided_lag`` (probe misses found in such a late turn: not reported, see
+            "Timing" above), ``peer_silent_misses`` (misses reported with
+            ``peer_elsewhere=False``).
+        loop_lag_max_ns: the largest lateness of the prober's timer seen (ns).
     """
 
     def __init__(self, cfg: Config, key: bytes, post: Callable[[Event], None], *, clock: Callable[[], int] = time.monotonic_ns):
@@ -125,6 +148,11 @@ class Prober:
         self.clock = clock
         self.counters: Counter[str] = Counter()
         self.guard = wire.ReplyGuard()
+        self.req_guard = wire.RequestGuard()
+        self.loop_lag_max_ns = 0
+        self._wake_at: int | None = None  # when the armed timer should fire (monotonic ns)
+        self._rxq_drops: dict[int, int] = {}  # socket fd -> its SO_RXQ_OVFL count last seen
+        self._peer_rails: dict[str, list[int]] = {}  # peer -> our rails that probe it
         self.path_stats: dict[tuple[int, str], wire.PathStats] = {}
         self._seq = time.time_ns()  # a restarted prober never reuses a recent seq
         self._priority: list[str] = []
@@ -155,8 +183,19 @@ class Prober:
                              fast_peers=p.fast_peers, max_pps=p.max_pps, paths=rail_paths(cfg), now_ns=now,
                              priority=self._priority)
 
+    @property
+    def lag_void_ns(self) -> int:
+        """Timer lateness (ns) above which the prober's own verdicts of that turn are void: half
+        an interval (the loop was busy elsewhere: replies it did not see in time may sit
+        unread, and on a starved host the peer is likely late for the same reason), at least
+        2 ms (asyncio's timer resolution is about 1 ms)."""
+        return max(2_000_000, self.schedule.interval_ns // 2)
+
     def _sync_stats(self) -> None:
         wanted = set(self.schedule.paths())
+        self._peer_rails = {}
+        for rail, peer in sorted(wanted):
+            self._peer_rails.setdefault(peer, []).append(rail)
         self.path_stats = {k: self.path_stats.get(k) or wire.PathStats() for k in self.schedule.paths()}
         self._last_ok = {k: v for k, v in self._last_ok.items() if k in wanted}
         self._silenced = {k: v for k, v in self._silenced.items() if k in wanted}
@@ -221,11 +260,38 @@ class Prober:
 
     def _watch(self, s: socket.socket) -> None:
         assert self._loop is not None
+        self._tune(s)
         self._loop.add_reader(s.fileno(), self._readable, s)
+
+    def rcvbuf_bytes(self) -> int:
+        """Receive buffer asked for each probe socket (bytes): two seconds of ``max_pps``
+        datagrams (the most this host sends, and about what it receives: probing is
+        symmetric) at :data:`SKB_TRUESIZE` each, so a loop stalled for a second loses nothing;
+        at least 256 KiB, at most 16 MiB."""
+        return max(256 << 10, min(RCVBUF_MAX, 2 * self.cfg.probe.max_pps * SKB_TRUESIZE))
+
+    def _tune(self, s: socket.socket) -> None:
+        """Kernel receive timestamps, drop counts and a receive buffer sized to the probe rate.
+        SO_RCVBUFFORCE (CAP_NET_ADMIN) may exceed net.core.rmem_max; without it SO_RCVBUF is
+        capped there.  Failures are counted, never fatal."""
+        for opt in (SO_TIMESTAMPNS, SO_RXQ_OVFL):
+            try:
+                s.setsockopt(socket.SOL_SOCKET, opt, 1)
+            except OSError:
+                self.counters["sockopt_errors"] += 1
+        want = self.rcvbuf_bytes()
+        try:
+            s.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, want)
+        except OSError:
+            try:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, want)
+            except OSError:
+                self.counters["sockopt_errors"] += 1
 
     def _close_sock(self, s: socket.socket | None) -> None:
         if s is None:
             return
+        self._rxq_drops.pop(s.fileno(), None)
         if self._loop is not None:
             try:
                 self._loop.remove_reader(s.fileno())
@@ -322,15 +388,24 @@ class Prober:
             if due < wake:
                 wake = due
         # +1 us: never wake a hair early because of the float clock of the loop
+        self._wake_at = max(wake, now)
         self._handle = self._loop.call_later(max(0, wake - now) / 1e9 + 1e-6, self._tick)
 
     def _tick(self) -> None:
         self._handle = None
-        now = self.clock()
         try:
-            self._expire(now)
+            # read every reply that arrived before judging any probe: under load the loop gets
+            # here late, and replies queued meanwhile carry their kernel arrival times
+            self.drain()
+            now = self.clock()
+            lag = 0 if self._wake_at is None else now - self._wake_at
+            self.loop_lag_max_ns = max(self.loop_lag_max_ns, lag)
+            void = lag > self.lag_void_ns
+            if void:
+                self.counters["late_wakeups"] += 1
+            self._expire(now, void=void)
             for s in self.schedule.poll(now):
-                self._send(s, now)
+                self._send(s)
         except Exception:  # never let one bad tick stop probing
             self.counters["internal_errors"] += 1
             log.exception("probe tick failed")
@@ -346,9 +421,27 @@ class Prober:
                  if k in self._last_ok and self._silenced.get(k) != self._last_ok[k]]
         return min(times) if times else None
 
-    def _expire(self, now: int) -> None:
+    def _elsewhere(self, rail: int, peer: str, since_ns: int) -> bool | None:
+        """Whether ``peer`` answered (a reply or a proof) on another of our rails at or after
+        ``since_ns``; None when no other rail leads to it."""
+        others = [r for r in self._peer_rails.get(peer, ()) if r != rail]
+        if not others:
+            return None
+        return any(self._last_ok.get((r, peer), -1) >= since_ns for r in others)
+
+    def _post_miss(self, rail: int, peer: str, t_ns: int, seq: int, since_ns: int) -> None:
+        elsewhere = self._elsewhere(rail, peer, since_ns)
+        if elsewhere is False:
+            self.counters["peer_silent_misses"] += 1
+        self.post(ProbeResult(rail, peer, False, t_ns, None, seq, peer_elsewhere=elsewhere))
+
+    def _expire(self, now: int, void: bool = False) -> None:
+        """Report the probes whose deadline passed as lost.  ``void``: this turn came late (the
+        loop was busy elsewhere): the losses are recorded nowhere and reported to nobody (they
+        would be the prober's own lateness as often as the path's); confirm trains still
+        start, so a path that is really failing is probed densely and judged next turn."""
         if self._expect:
-            self._expire_passive(now)
+            self._expire_passive(now, void)
         lost = self.guard.expire(now)
         confirming = self.schedule.confirming()
         if confirming:
@@ -360,27 +453,37 @@ class Prober:
                 if t_ok is not None and now >= t_ok + d and self._silenced.get(key) != t_ok:
                     self._silenced[key] = t_ok  # once per silence
                     lost += self.guard.expire_path(*key)
+        self._report_lost(lost, now, void)
+
+    def _report_lost(self, lost: list[wire.Pending], now: int, void: bool = False) -> None:
         for p in lost:
-            self.counters["timeouts"] += 1
             key = (p.rail, p.peer)
+            if p.fast:  # a fast path missed a probe: a confirm train (if it ever answered)
+                self._start_confirm(key, now)
+            if void:
+                self.counters["voided_lag"] += 1
+                continue
+            self.counters["timeouts"] += 1
             st = self.path_stats.get(key)
             if st is not None:
                 st.record(False)
-            if p.fast:  # a fast path missed a probe: a confirm train (if it ever answered)
-                self._start_confirm(key, now)
-            self.post(ProbeResult(p.rail, p.peer, False, now, None, p.seq))
+            self._post_miss(p.rail, p.peer, now, p.seq, p.sent_ns)
 
-    def _expire_passive(self, now: int) -> None:
+    def _expire_passive(self, now: int, void: bool = False) -> None:
+        slack = self.schedule.interval_ns * 3 // 2
         for key, due in list(self._expect.items()):
             if due > now:
                 continue
             del self._expect[key]
+            self._start_confirm(key, now)
+            if void:
+                self.counters["voided_lag"] += 1
+                continue
             self.counters["passive_misses"] += 1
             st = self.path_stats.get(key)
             if st is not None:
                 st.record(False)
-            self._start_confirm(key, now)
-            self.post(ProbeResult(key[0], key[1], False, now, None, 0))
+            self._post_miss(key[0], key[1], now, 0, due - slack)
 
     def _start_confirm(self, key: tuple[int, str], now: int) -> None:
         last_ok = self._last_ok.get(key)
@@ -415,7 +518,11 @@ class Prober:
             self._ips_of = cfg
         return self._ips.get((rail, peer))
 
-    def _send(self, s: wire.Send, now: int) -> None:
+    def _send(self, s: wire.Send, now: int | None = None) -> None:
+        # the send time (and so the deadline) is read per probe, just before it leaves: a loop
+        # descheduled in the middle of a tick must not shorten the later probes' deadlines
+        if now is None:
+            now = self.clock()
         if self._passive(s, now):
             return
         self._seq += 1
@@ -442,47 +549,88 @@ class Prober:
 
     # ---------------------------------------------------------------- receive
 
-    def _readable(self, sock: socket.socket) -> None:
-        for _ in range(RECV_BATCH):
+    def _read(self, sock: socket.socket, limit: int) -> int:
+        """Read and handle up to ``limit`` queued datagrams; returns how many were read."""
+        n = 0
+        offset = None  # CLOCK_REALTIME - CLOCK_MONOTONIC, read once per batch
+        while n < limit:
             try:
-                data, addr = sock.recvfrom(RECV_BUF)
+                data, anc, _flags, addr = sock.recvmsg(RECV_BUF, _ANC_BUF)
             except (BlockingIOError, InterruptedError):
-                return
+                break
             except OSError as e:  # e.g. an ICMP error queued on the socket
                 log.debug("probe socket error: %s", e)
-                return
-            self.on_datagram(data, addr)
+                break
+            n += 1
+            arrival = None
+            for level, typ, cdata in anc:
+                if level != socket.SOL_SOCKET:
+                    continue
+                if typ == SO_TIMESTAMPNS and len(cdata) >= _TIMESPEC.size:
+                    sec, nsec = _TIMESPEC.unpack_from(cdata)
+                    if offset is None:
+                        offset = time.time_ns() - self.clock()
+                    arrival = sec * 1_000_000_000 + nsec - offset
+                elif typ == SO_RXQ_OVFL and len(cdata) >= _U32.size:
+                    self._count_drops(sock, _U32.unpack_from(cdata)[0])
+            self.on_datagram(data, addr, arrival)
+        return n
 
-    def on_datagram(self, data: bytes, addr) -> None:
-        """Handle one datagram from any of our sockets (a request to answer or a reply)."""
+    def _count_drops(self, sock: socket.socket, total: int) -> None:
+        fd = sock.fileno()
+        last = self._rxq_drops.get(fd, 0)
+        if total != last:
+            self.counters["rx_dropped"] += (total - last) & 0xFFFFFFFF  # u32 counter wraps
+            self._rxq_drops[fd] = total
+            n = self.counters["rx_dropped"]
+            log.warning("probe socket receive queue overflowed: %d datagrams dropped by the kernel so far", n)
+
+    def _readable(self, sock: socket.socket) -> None:
+        self._read(sock, RECV_BATCH)
+
+    def drain(self) -> int:
+        """Read every datagram queued on every probe socket (at most :data:`DRAIN_MAX` per
+        socket), so verdicts are made with every reply that has arrived.  Returns the count."""
+        socks = [s for s in (self._resp, *self._rail_socks.values()) if s is not None]
+        return sum(self._read(s, DRAIN_MAX) for s in socks)
+
+    def on_datagram(self, data: bytes, addr, arrival_ns: int | None = None) -> None:
+        """Handle one datagram from any of our sockets (a request to answer or a reply).
+
+        ``arrival_ns``: when the kernel received it (monotonic ns; None: now).  A reply is
+        judged against its probe's deadline by this time, not by when the loop got to it."""
         now = self.clock()
+        # a kernel time from the future or from before a wall-clock step is not believed
+        t = now if arrival_ns is None or not now - 10_000_000_000 < arrival_ns <= now else arrival_ns
         try:
             p = wire.decode(data, self.key)
             if p.target != self.cfg.daemon.host:
                 raise wire.ProbeError("misaddressed", f"probe for {p.target!r}, this host is {self.cfg.daemon.host!r}")
             if p.type == wire.REQUEST:
+                self.req_guard.check(p)
                 self._answer(p, addr)
-                self._proof(p, now)
+                self._proof(p, t)
                 return
-            dl = self.guard.next_deadline_ns()
-            if dl is not None and dl <= now:
-                self._expire(now)  # a probe whose deadline passed is lost before any reply counts
-            pend = self.guard.check(p, now)
+            pend = self.guard.check(p, t)
         except wire.ProbeError as e:
             self._reject(e.kind, addr, e)
             return
         except Exception as e:  # noqa: BLE001 - never let a datagram kill the daemon
             self._reject("malformed", addr, e)
             return
-        rtt = now - pend.sent_ns
+        key = (pend.rail, pend.peer)
+        # earlier probes of this path whose deadline passed before this reply arrived are lost
+        # before it counts (the engine sees the path's results in order)
+        self._report_lost(self.guard.expire_path_before(pend.rail, pend.peer, t), t)
+        rtt = max(0, t - pend.sent_ns)
         self.counters["replies"] += 1
-        self._last_ok[(pend.rail, pend.peer)] = now
-        self._reply_seq[(pend.rail, pend.peer)] = pend.seq
-        self.schedule.settle(pend.rail, pend.peer)
-        st = self.path_stats.get((pend.rail, pend.peer))
+        self._last_ok[key] = max(t, self._last_ok.get(key, t))
+        self._reply_seq[key] = pend.seq
+        self.schedule.settle(*key)
+        st = self.path_stats.get(key)
         if st is not None:
             st.record(True, rtt)
-        self.post(ProbeResult(pend.rail, pend.peer, True, now, rtt, pend.seq))
+        self.post(ProbeResult(pend.rail, pend.peer, True, t, rtt, pend.seq))
 
     def _proof(self, req: wire.Probe, now: int) -> None:
         """A request from a peer we probe on that rail: remember that we answered it, and if it
@@ -499,7 +647,7 @@ class Prober:
         self._ack_used[key] = req.ack
         self._evidence_ns[key] = now
         self._expect.pop(key, None)
-        self._last_ok[key] = now
+        self._last_ok[key] = max(now, self._last_ok.get(key, now))
         self.schedule.settle(*key)
         self.counters["passive_ok"] += 1
         self.path_stats[key].record(True)
@@ -538,6 +686,8 @@ class Prober:
             "port": self.cfg.probe.port,
             "tick_ms": sched.tick_ns / 1e6,
             "outstanding": len(self.guard),
+            "rcvbuf_bytes": self.rcvbuf_bytes(),
+            "loop_lag_max_ms": round(self.loop_lag_max_ns / 1e6, 3),
             "counters": dict(sorted(self.counters.items())),
             "priority_peers": list(self._priority),
             "paths": [

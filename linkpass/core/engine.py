@@ -134,6 +134,7 @@ class Engine:
         names = self._peer_names = frozenset(p.name for p in cfg.peers)
         self.peer_usable = {k: v for k, v in self.peer_usable.items() if k in names}
         self._netdev_rail = {r.netdev: r.id for r in cfg.rails}
+        self._rail_peers = {r.id: sum(1 for p in cfg.peers if r.id in p.rail_ips) for r in cfg.rails}
         self._dsts = all_destinations(cfg)
 
     def reconfigure(self, cfg: Config, now_ns: int) -> list[Action]:
@@ -377,41 +378,83 @@ class Engine:
         if path is None:
             path = self.paths[key] = PathHealth(ev.rail, ev.peer, pc.detect_multiplier, pc.interval_ms * 1_000_000)
         changed = False
-        t = path.on_result(ev.ok, now_ns, ev.rtt_ns, ev.since_ok_ns)
+        counted_before = {k for k, p in self.paths.items() if k[1] == ev.peer and self._path_counts(p)}
+        t = path.on_result(ev.ok, now_ns, ev.rtt_ns, ev.since_ok_ns, ev.peer_elsewhere)
         if t:
             changed = t[0] == PathState.DOWN or t[1] == PathState.DOWN
             entry = {"rail": ev.rail, "peer": ev.peer, "old": t[0].value, "new": t[1].value, "event_t_ns": ev.t_ns}
+            if t[1] == PathState.DOWN:
+                entry["peer_elsewhere"] = ev.peer_elsewhere
             if changed or t[0] == PathState.UNKNOWN:
                 self._record("path", now_ns, entry)
             else:  # UP <-> SUSPECT: hundreds a minute under ordinary loss; counted, not kept
                 self._count("path", entry)
-        # the rail's verdict: failed when more than rail_down_share of its probed peers are DOWN.
-        # Only peers that answer on some rail (a path UP) count: a peer silent everywhere is a
-        # peer problem (dead host, daemon stopped), not evidence against any one rail; and a
-        # peer whose other paths are merely SUSPECT may be dying as a whole, so wait.
-        dead = {peer for peer in {k[1] for k in self.paths}
-                if not any(p.state == PathState.UP for (r, q), p in self.paths.items() if q == peer)}
-        probed = [p for (r, q), p in self.paths.items() if r == ev.rail and p.state != PathState.UNKNOWN and q not in dead]
-        down = [p for p in probed if p.state == PathState.DOWN]
-        failed = bool(probed) and len(down) / len(probed) > pc.rail_down_share
-        was = ev.rail in self.probe_failed
-        if failed != was:
-            if failed:
-                self.probe_failed[ev.rail] = f"probes: {len(down)}/{len(probed)} peers unreachable over rail {ev.rail}"
-            else:
-                del self.probe_failed[ev.rail]
-            self._eval_rail(ev.rail, ev.t_ns, now_ns)
+        # a DOWN path whose peer fell silent everywhere (or came back elsewhere) stops (starts)
+        # counting as this rail's problem: the routes and verdicts change although the state did not
+        if counted_before != {k for k, p in self.paths.items() if k[1] == ev.peer and self._path_counts(p)}:
             changed = True
-        # a peer that just became dead (or alive) changes other rails' verdicts too
-        for rid in [r for r in list(self.probe_failed) if r != ev.rail]:
-            probed_r = [p for (r, q), p in self.paths.items() if r == rid and p.state != PathState.UNKNOWN and q not in dead]
-            if not probed_r or sum(p.state == PathState.DOWN for p in probed_r) / len(probed_r) <= pc.rail_down_share:
+        # every rail's verdict: one path's change can turn a peer into evidence for other rails
+        for rid in sorted(self.rails):
+            why = self._probe_verdict(rid, now_ns)
+            if why == self.probe_failed.get(rid) or (why is not None and rid in self.probe_failed):
+                continue
+            if why is None:
                 del self.probe_failed[rid]
-                self._eval_rail(rid, ev.t_ns, now_ns)
-                changed = True
+            else:
+                self.probe_failed[rid] = why
+            self._eval_rail(rid, ev.t_ns, now_ns)
+            changed = True
         if not changed or not self.synced:
             return []
         return self._replan(now_ns, f"probes on rail {ev.rail}")
+
+    def _path_counts(self, p: PathHealth) -> bool:
+        """A DOWN path is evidence against its rail only while the peer answers on another rail:
+        a peer silent on every rail at once is a peer problem (stalled, overloaded, dead), and
+        routing around one of its rails gains nothing.  The prober says which with each miss
+        (``peer_elsewhere``); where it could not (None), the engine's own picture decides: the
+        peer has another path UP, or no other path at all (then the ends cannot be told apart)."""
+        if p.state != PathState.DOWN:
+            return False
+        if p.peer_elsewhere is not None:
+            return p.peer_elsewhere
+        others = [q for (r, name), q in self.paths.items() if name == p.peer and r != p.rail]
+        return not others or any(q.state == PathState.UP for q in others)
+
+    def _fresh(self, p: PathHealth, now_ns: int) -> bool:
+        """A SUSPECT or DOWN path's verdict is current when a result came within two slow
+        sweeps plus BFD's detection time (every probed path gets one at least that often);
+        an UP path is current by construction (its next miss would be forwarded)."""
+        if p.state == PathState.UP:
+            return True
+        pc = self.cfg.probe
+        stale_ns = (2 * pc.slow_interval_ms + pc.detect_multiplier * pc.interval_ms) * 1_000_000
+        return now_ns - p.last_result_ns <= stale_ns
+
+    def _probe_verdict(self, rid: int, now_ns: int) -> str | None:
+        """Why rail ``rid`` has failed by its probes, or None.
+
+        The local end of a rail is at fault when most of the peers it reaches are unreachable
+        over it while they still answer over other rails.  Counted, per peer with a fresh,
+        known path on this rail: DOWN paths whose peer answers elsewhere (``down``) against
+        every such path except DOWN ones whose peer is silent everywhere (``evidence``; UP and
+        SUSPECT paths count here: one missed probe is no evidence either way).  Failed when
+        ``down / evidence > rail_down_share`` *and* at least two peers are down, so one remote
+        port's fault (one peer DOWN) never fails a healthy local rail on another host.  With a
+        single peer on the rail the two ends cannot be told apart: then that one peer decides
+        (and traffic to it leaves the rail either way, which is what that peer's fault needs).
+        """
+        pc = self.cfg.probe
+        on_rail = [p for (r, _), p in self.paths.items()
+                   if r == rid and p.state != PathState.UNKNOWN and self._fresh(p, now_ns)]
+        down = sum(1 for p in on_rail if self._path_counts(p))
+        silent = sum(1 for p in on_rail if p.state == PathState.DOWN and not self._path_counts(p))
+        evidence = len(on_rail) - silent
+        peers_here = self._rail_peers.get(rid, 0)
+        need = min(2, peers_here) if peers_here else 1
+        if evidence <= 0 or down < need or down / evidence <= pc.rail_down_share:
+            return None
+        return f"probes: {down}/{evidence} peers unreachable over rail {rid} while answering on other rails"
 
     def _on_loss(self, ev: ProbeLoss, now_ns: int) -> list[Action]:
         """Aggregated probe loss of a rail -> DEGRADED (traffic prefers clean rails)."""
@@ -549,7 +592,7 @@ class Engine:
         if not self.synced:
             return []  # no plan (and no notice) before the first link dump: we know nothing yet
         actions: list[Action] = []
-        path_down = frozenset(k for k, p in self.paths.items() if p.state == PathState.DOWN)
+        path_down = frozenset(k for k, p in self.paths.items() if self._path_counts(p))
         plan = plan_routes(self.cfg, self.local_usable(), self.peer_usable, path_down, self.avoided_degraded())
         prev_usable = None if self.plan is None else self._plan_usable
         usable = self.local_usable()

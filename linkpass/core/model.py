@@ -142,6 +142,11 @@ class ProbeResult:
         t_ns: when the reply arrived / the deadline passed.
         since_ok_ns: for a miss, time since the last reply on this path (None if unknown); lets
             the engine apply BFD's time-based rule without seeing every success.
+        peer_elsewhere: for a miss, whether the peer answered on another of our rails while
+            this probe was outstanding (by kernel arrival times): True means the peer is alive
+            and the loss belongs to this path; False means the peer was silent on every rail
+            (a stalled, overloaded or dead peer, not evidence against this rail); None when
+            no other rail leads to the peer, so the two cannot be told apart.
     """
 
     rail: int
@@ -151,6 +156,7 @@ class ProbeResult:
     rtt_ns: int | None = None
     seq: int = 0
     since_ok_ns: int | None = None
+    peer_elsewhere: bool | None = None
 
 
 @dataclass(frozen=True)

@@ -58,6 +58,11 @@ class PathHealth:
         self.misses = 0
         self.since_ns = 0
         self.last_rtt_ns: int | None = None
+        #: from the latest miss: did the peer answer on another rail meanwhile (see
+        #: :attr:`linkpass.core.model.ProbeResult.peer_elsewhere`); None after an answer
+        self.peer_elsewhere: bool | None = None
+        #: when the latest result (answer or miss) reached the engine (monotonic ns)
+        self.last_result_ns = 0
 
     def _set(self, new: PathState, now_ns: int, reason: str) -> tuple[PathState, PathState] | None:
         old = self.state
@@ -72,7 +77,7 @@ class PathHealth:
         return old, new
 
     def on_result(self, ok: bool, now_ns: int, rtt_ns: int | None = None,
-                  since_ok_ns: int | None = None) -> tuple[PathState, PathState] | None:
+                  since_ok_ns: int | None = None, peer_elsewhere: bool | None = None) -> tuple[PathState, PathState] | None:
         """Apply one probe result; returns (old, new) when the state changed.
 
         Args:
@@ -81,15 +86,20 @@ class PathHealth:
             rtt_ns: round-trip time of an answered probe.
             since_ok_ns: for a miss, ns since the last reply on this path (None: unknown, then
                 the count alone decides).
+            peer_elsewhere: for a miss, whether the peer answered on another rail meanwhile
+                (kept in :attr:`peer_elsewhere`; it does not change the path's own state).
 
         DOWN after ``detect_multiplier`` misses in a row once no reply came for
         ``detect_multiplier x interval`` (both must hold).
         """
+        self.last_result_ns = now_ns
         if ok:
             self.misses = 0
             self.last_rtt_ns = rtt_ns
+            self.peer_elsewhere = None
             return self._set(PathState.UP, now_ns, "probe answered")
         self.misses += 1
+        self.peer_elsewhere = peer_elsewhere
         if self.state == PathState.UNKNOWN:
             return None  # never answered yet (peer's prober not up): not a failure, like a BFD session not yet Up
         silent_long = since_ok_ns is None or self.interval_ns <= 0 or since_ok_ns >= self.detect_multiplier * self.interval_ns

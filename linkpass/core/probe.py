@@ -252,6 +252,17 @@ class ReplyGuard:
                 out.append(p)
         return out
 
+    def expire_path_before(self, rail: int, peer: str, t_ns: int) -> list[Pending]:
+        """Remove and return the outstanding probes of one path whose deadline is at or before
+        ``t_ns`` (oldest first): a reply of that path that arrived at ``t_ns`` comes after them,
+        so they are lost before it counts.  Other paths are left alone: their replies may still
+        wait, unread, in another socket's queue."""
+        out = [p for p in self._pending.values() if p.rail == rail and p.peer == peer and p.deadline_ns <= t_ns]
+        for p in out:
+            del self._pending[p.seq]
+            self._finish(p.seq, "expired")
+        return sorted(out, key=lambda p: p.seq)
+
     def expire_path(self, rail: int, peer: str) -> list[Pending]:
         """Remove and return every outstanding probe of one path now, before its deadline (the
         path has been silent for the whole detection time: waiting longer adds nothing)."""
@@ -276,6 +287,66 @@ class ReplyGuard:
             del self._pending[s]
             self._finish(s, "expired")
         return len(gone)
+
+
+class RequestGuard:
+    """Replay protection for probe *requests* (the responder side), like IPsec's anti-replay
+    window (RFC 4303 section 3.4.3): per prober (sender name), the highest seq seen and which
+    of the ``window`` seqs below it were seen.  A request is answered only when its seq is
+    above the highest, or inside the window and not seen before.
+
+    A prober numbers every request from one counter across its rails, starting at its start
+    time in ns (:mod:`linkpass.adapters.prober`), so requests of a restarted prober are above
+    those of the previous run; requests of one prober on different rails may arrive a little out
+    of order, which the window absorbs (64 probes per rail per tick at most in practice).
+
+    Why it matters although a replayed request can fool nobody about liveness (its reply names a
+    seq the prober has finished with, and :class:`ReplyGuard` rejects it): without it, anyone who
+    captured one request can make this host send authenticated replies, at any rate, to any
+    address it spoofs, and spend our HMAC time.
+
+    Args:
+        window: seqs below the highest that are still accepted once each.
+        max_senders: distinct sender names remembered (authenticated names only; the oldest is
+            forgotten beyond this, so memory is bounded).
+    """
+
+    def __init__(self, window: int = 1024, max_senders: int = 4096) -> None:
+        self.window = window
+        self.max_senders = max_senders
+        self._hi: dict[str, int] = {}
+        self._seen: dict[str, set[int]] = {}
+
+    def check(self, req: Probe) -> None:
+        """Accept ``req`` (authenticated, addressed to us) or raise.
+
+        Raises:
+            ProbeError: ``replay`` when its seq was seen before or is at least ``window``
+                below the highest seq seen from that sender.
+        """
+        hi = self._hi.get(req.sender)
+        seq = req.seq
+        if hi is None:
+            if len(self._hi) >= self.max_senders:
+                old = next(iter(self._hi))
+                del self._hi[old]
+                self._seen.pop(old, None)
+            self._hi[req.sender] = seq
+            self._seen[req.sender] = {seq}
+            return
+        seen = self._seen[req.sender]
+        if seq > hi:
+            self._hi[req.sender] = seq
+            seen.add(seq)
+            if len(seen) > 2 * self.window:
+                floor = seq - self.window
+                self._seen[req.sender] = {s for s in seen if s > floor}
+            return
+        if seq <= hi - self.window:
+            raise ProbeError("replay", f"request seq {seq} from {req.sender} is {hi - seq} below the newest ({hi})")
+        if seq in seen:
+            raise ProbeError("replay", f"request seq {seq} from {req.sender} was already answered")
+        seen.add(seq)
 
 
 # --------------------------------------------------------------------------- schedule

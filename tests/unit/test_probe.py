@@ -480,8 +480,11 @@ def test_prober_handles_replies_late_and_garbage_without_sockets():
     assert pr.counters["rejected_replay"] == 1
     clock[0] += 7 * MS  # the rail-1 probe's deadline
     pr.on_datagram(encode(Probe(REPLY, "h1", "h0", 1, seq1, 1_000 * MS), KEY), ("198.18.1.2", 40000))
-    assert events[-1] == ProbeResult(1, "h1", False, 1_010 * MS, None, seq1)
-    assert pr.counters["late"] == 1 and pr.counters["timeouts"] == 1
+    assert pr.counters["late"] == 1 and len(events) == 1  # judged late; the loss is reported by the timer
+    pr._expire(clock[0])
+    # h1 answered on rail 0 while the rail-1 probe was out: the loss is rail 1's
+    assert events[-1] == ProbeResult(1, "h1", False, 1_010 * MS, None, seq1, peer_elsewhere=True)
+    assert pr.counters["timeouts"] == 1
     for bad in (b"", b"\xff" * 1000, encode(REQ, OTHER_KEY), encode(Probe(REQUEST, "h1", "h9", 0, 1, 1), KEY)):
         pr.on_datagram(bad, ("198.18.0.2", 1))
     assert pr.counters["rejected_malformed"] == 1 and pr.counters["rejected_oversized"] == 1
@@ -724,7 +727,8 @@ def test_replayed_request_proves_nothing():
         h0._send(s, clock[0])
     src, req = w.queue.pop(0)
     h1.on_datagram(req, ("198.18.0.1", 7472))
-    n = h1.counters["passive_ok"]
+    n, answered = h1.counters["passive_ok"], h1.counters["answered"]
     for _ in range(3):
-        h1.on_datagram(req, ("198.18.0.1", 7472))  # answered (stateless) but no proof
-    assert h1.counters["passive_ok"] == n
+        h1.on_datagram(req, ("198.18.0.1", 7472))  # neither answered nor proof
+    assert h1.counters["passive_ok"] == n and h1.counters["answered"] == answered
+    assert h1.counters["rejected_replay"] == 3
