@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import struct
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -27,6 +28,11 @@ from linkpass.core.model import Event, PeerRails, SendNotice
 log = logging.getLogger("linkpass.notices")
 
 REPEATS_S = (0.010, 0.050)
+NOTICE_RCVBUF = 1 << 20  # bytes: about 800 queued notices at the kernel's ~1.3 KiB truesize each
+SO_RCVBUFFORCE = getattr(socket, "SO_RCVBUFFORCE", 33)
+SO_MEMINFO = 55  # Linux: u32[SK_MEMINFO_VARS] (include/uapi/asm-generic/socket.h)
+SK_MEMINFO_DROPS = 8
+_MEMINFO = struct.Struct("@9I")
 
 
 class _Receiver(asyncio.DatagramProtocol):
@@ -50,14 +56,17 @@ class NoticeService:
 
     Attributes:
         counters: ``sent``, ``send_errors``, ``accepted``, and ``rejected_<kind>`` for each
-            rejection kind (``auth``, ``replay``, ``malformed``, ``oversized``, ``unknown_peer``).
+            rejection kind (``auth``, ``replay``, ``malformed``, ``oversized``, ``unknown_peer``);
+            ``rx_dropped``: datagrams the kernel dropped because the receive queue was full
+            (a flood: real notices in it are lost; the periodic refresh repairs that), read
+            from the socket's ``SO_MEMINFO`` drop count whenever the counters are read.
     """
 
     def __init__(self, cfg: Config, key: bytes, post: Callable[[Event], None]):
         self.cfg = cfg
         self.key = key
         self.post = post
-        self.counters: Counter[str] = Counter()
+        self._counters: Counter[str] = Counter()
         self.guard = wire.ReplayGuard()
         self._seq = time.time_ns()
         self._state: SendNotice | None = None
@@ -72,11 +81,38 @@ class NoticeService:
             s.close()
         self._send_socks = {}
 
+    @property
+    def counters(self) -> Counter[str]:
+        drops = self._kernel_drops()
+        if drops:
+            self._counters["rx_dropped"] = drops
+        return self._counters
+
+    def _kernel_drops(self) -> int | None:
+        """The receive socket's drop count (``SO_MEMINFO``, index ``SK_MEMINFO_DROPS``; see
+        include/uapi/linux/sock_diag.h), None when unknown."""
+        sock = self._transport.get_extra_info("socket") if self._transport else None
+        if sock is None:
+            return None
+        try:
+            raw = sock.getsockopt(socket.SOL_SOCKET, SO_MEMINFO, _MEMINFO.size)
+        except OSError:
+            return None
+        return _MEMINFO.unpack_from(raw)[SK_MEMINFO_DROPS] if len(raw) >= _MEMINFO.size else None
+
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         self._transport, _ = await loop.create_datagram_endpoint(
             lambda: _Receiver(self), local_addr=("0.0.0.0", self.cfg.daemon.notice_port), reuse_port=False
         )
+        sock = self._transport.get_extra_info("socket")
+        if sock is not None:  # room for a burst of notices from every peer (and a flood's share)
+            for opt in (SO_RCVBUFFORCE, socket.SO_RCVBUF):
+                try:
+                    sock.setsockopt(socket.SOL_SOCKET, opt, NOTICE_RCVBUF)
+                    break
+                except OSError:
+                    continue
 
     def close(self) -> None:
         if self._transport:

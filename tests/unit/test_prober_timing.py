@@ -242,3 +242,43 @@ def test_rcvbuf_is_sized_to_the_probe_rate():
     finally:
         rx.close()
         tx.close()
+
+
+def test_notice_socket_counts_the_kernel_drops_of_a_flood():
+    import asyncio
+
+    from linkpass.adapters.notices import NoticeService
+    from linkpass.config import parse_config
+
+    probe_sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    probe_sock.bind(("127.0.0.1", 0))
+    port = probe_sock.getsockname()[1]
+    probe_sock.close()
+    cfg = parse_config(f"""
+[daemon]
+host = "h0"
+mode = "per-rail-ip"
+notice_port = {port}
+[[rails]]
+id = 0
+netdev = "rail0"
+address = "198.18.0.1"
+[[peers]]
+name = "h1"
+rail_ips = {{ "0" = "198.18.0.2" }}
+""")
+
+    async def main():
+        ns = NoticeService(cfg, KEY, lambda ev: None)
+        await ns.start()
+        try:
+            tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            # the loop does not run while we send: the queue fills and the kernel drops the rest
+            for _ in range(5000):
+                tx.sendto(b"n" * 200, ("127.0.0.1", port))
+            tx.close()
+            return ns.counters["rx_dropped"]
+        finally:
+            ns.close()
+
+    assert asyncio.run(main()) > 0
