@@ -13,7 +13,9 @@ under ``<cpu>`` (no PCI parent, e.g. Azure NCv4's ``eth0``) is a NIC with no bus
 
 Robustness: only the first ``<system>`` block is read, up to its ``</system>`` or to the first
 text that is not markup (a paste that goes on with other output); a cut-off block is read up to
-where it stops.  A ``<pci>`` leaf with no class and no ``<gpu>``/``<nic>`` goes to
+where it stops, and so is one whose elements nest deeper than :data:`MAX_DEPTH` (64) or that
+holds more than :data:`MAX_ELEMENTS` (4096) elements, with a warning.  The text is scanned once
+and nothing recurses per level, so time is linear in the input (bounded by those caps).  A ``<pci>`` leaf with no class and no ``<gpu>``/``<nic>`` goes to
 ``Topology.unclassified`` with a warning.  Warnings read ``"<source>: line N: <what>"``; bad input
 never raises.
 """
@@ -33,6 +35,18 @@ _NOT_GPU_VENDORS = {"0x1a03", "0x102b"}
 _EFA_VENDOR = "0x1d0f"
 _MELLANOX = "0x15b3"
 
+#: The deepest element nesting read, ``<system>`` counted as 1.  NCCL's own dumps nest
+#: system > cpu > pci (one level per PCIe switch port, rarely more than 4) > gpu/nic > nvlink/net:
+#: under 10 on DGX/HGX and cloud files, and a PCIe hierarchy cannot be deeper than its 256 bus
+#: numbers anyway.  Past this depth the file is not a topology dump; it is read up to there.
+MAX_DEPTH = 64
+#: The most elements read.  NCCL itself loads at most 256 (``NCCL_TOPO_XML_MAX_NODES``,
+#: src/graph/topo.h; some sites patch it to 2048), so a bigger file is no NCCL topology; the cap
+#: also bounds the work per NIC/GPU lookups below.
+MAX_ELEMENTS = 4096
+#: Characters fed to the XML parser at a time (so a huge one-line file stops soon after MAX_DEPTH).
+_FEED_CHARS = 64 * 1024
+
 
 def looks_like(text: str) -> bool:
     """True when ``text`` holds an NCCL topology ``<system>`` with ``<cpu>`` or ``<pci>`` elements."""
@@ -41,15 +55,22 @@ def looks_like(text: str) -> bool:
     return re.search(r"<system\b", text) is not None and re.search(r"<(?:cpu|pci)\b", text) is not None
 
 
+#: the inside of a tag after its '<': anything but quotes and angle brackets, or quoted strings
+#: (which may hold '<' and '>'); unambiguous, so matching is linear
+_TAG_BODY = re.compile(r"""[^"'<>]*(?:(?:"[^"]*"|'[^']*')[^"'<>]*)*""")
+_SPACE = re.compile(r"\s*")
+
+
 def _xml_prefix(text: str, start: int) -> tuple[int, str]:
     """End offset of the markup that starts at ``start`` and why it ends there:
     ``"closed"`` (after ``</system>``), ``"text"`` (non-markup text follows), ``"eof"``
-    (the text ends inside the block) or ``"open-tag"`` (it ends inside a tag or comment)."""
+    (the text ends inside the block), ``"open-tag"`` (it ends inside a tag or comment),
+    ``"deep"`` (the tag at the offset would open element :data:`MAX_DEPTH` + 1 levels down) or
+    ``"many"`` (it would be element :data:`MAX_ELEMENTS` + 1).  One pass, no recursion."""
     i, n = start, len(text)
-    depth = 0
+    depth = elements = 0
     while True:
-        while i < n and text[i].isspace():
-            i += 1
+        i = _SPACE.match(text, i).end()
         if i >= n:
             return i, "eof"
         if text[i] != "<":
@@ -61,28 +82,23 @@ def _xml_prefix(text: str, start: int) -> tuple[int, str]:
             i = j + 3
             continue
         # a tag: find its '>' outside quotes
-        j, quote = i + 1, None
-        while j < n:
-            c = text[j]
-            if quote:
-                if c == quote:
-                    quote = None
-            elif c in "\"'":
-                quote = c
-            elif c in "<>":
-                break
-            j += 1
+        j = _TAG_BODY.match(text, i + 1).end()
         if j >= n or text[j] != ">":
             return i, "open-tag"
-        tag = text[i:j + 1]
-        if tag.startswith("</"):
+        if text[i + 1] == "/":
             depth -= 1
             i = j + 1
             if depth <= 0:
                 return i, "closed"
             continue
-        if not tag.startswith("<?") and not tag.startswith("<!") and not tag.endswith("/>"):
-            depth += 1
+        if text[i + 1] not in "?!":
+            if elements >= MAX_ELEMENTS:
+                return i, "many"
+            elements += 1
+            if text[j - 1] != "/":
+                if depth >= MAX_DEPTH:
+                    return i, "deep"
+                depth += 1
         i = j + 1
 
 
@@ -126,19 +142,25 @@ def parse(text: str, source: str = "nccl-topo.xml") -> Topology:
     end_line = text.count("\n", 0, end) + 1
 
     parser = ET.XMLPullParser(events=("start", "end"))
-    stack: list[tuple[str, object]] = []   # (tag, _Pci | _Cpu | dict | None)
+    # (tag, _Pci | _Cpu | dict | None, nearest enclosing _Pci, nearest enclosing _Cpu): the
+    # nearest ones ride along so that finding them is O(1), not a walk down the stack
+    stack: list[tuple[str, object, _Pci | None, _Cpu | None]] = []
     pcis: list[_Pci] = []
     by_bus: dict[str, _Pci] = {}
     loose_nics: list[tuple[dict, _Cpu | None, int]] = []
     loose_gpus: list[tuple[dict, _Cpu | None, int]] = []
     cpu_count = 0
+    elements = 0
     failed = False
 
     def current(kind):
-        for tag, obj in reversed(stack):
-            if isinstance(obj, kind):
-                return obj
-        return None
+        if not stack:
+            return None
+        return stack[-1][2] if kind is _Pci else stack[-1][3]
+
+    def push(tag: str, obj: object) -> None:
+        pci, cpu = (stack[-1][2], stack[-1][3]) if stack else (None, None)
+        stack.append((tag, obj, obj if isinstance(obj, _Pci) else pci, obj if isinstance(obj, _Cpu) else cpu))
 
     def on_start(elem: ET.Element, line: int) -> None:
         nonlocal cpu_count
@@ -151,7 +173,7 @@ def parse(text: str, source: str = "nccl-topo.xml") -> Topology:
                 numa = None
             root = f"cpu:{numa}" if numa is not None else f"cpu#{cpu_count}"
             cpu_count += 1
-            stack.append((tag, _Cpu(numa, root)))
+            push(tag, _Cpu(numa, root))
             return
         if tag == "pci":
             parent = current(_Pci)
@@ -160,21 +182,21 @@ def parse(text: str, source: str = "nccl-topo.xml") -> Topology:
             bus = norm_bus_id(raw) if raw else None
             if not raw:
                 warn(line, "<pci> without busid; its children are placed under its parent")
-                stack.append((tag, None))
+                push(tag, None)
                 return
             if bus is None:
                 warn(line, f"<pci> busid {raw!r} is not a PCI bus id; kept as written")
                 bus = raw.lower()
             if bus in by_bus:
                 warn(line, f"<pci> busid {bus} appears twice; the first (line {by_bus[bus].line}) is kept")
-                stack.append((tag, None))
+                push(tag, None)
                 return
             if parent is not None:
                 parent.children += 1
             node = _Pci(bus, a, line, parent.bus if parent else None, cpu)
             by_bus[bus] = node
             pcis.append(node)
-            stack.append((tag, node))
+            push(tag, node)
             return
         if tag == "gpu":
             pci = stack[-1][1] if stack and isinstance(stack[-1][1], _Pci) else None
@@ -186,11 +208,11 @@ def parse(text: str, source: str = "nccl-topo.xml") -> Topology:
             pci = stack[-1][1] if stack and isinstance(stack[-1][1], _Pci) else None
             if pci is not None:
                 pci.has_nic = True
-                stack.append((tag, pci))
+                push(tag, pci)
                 return
             nic: dict = {"nets": [], "line": line}
             loose_nics.append((nic, current(_Cpu), line))
-            stack.append((tag, nic))
+            push(tag, nic)
             return
         elif tag == "net":
             owner = stack[-1][1] if stack and stack[-1][0] == "nic" else None
@@ -200,28 +222,50 @@ def parse(text: str, source: str = "nccl-topo.xml") -> Topology:
                 owner["nets"].append(a)
             else:
                 warn(line, f"<net name={a.get('name')!r}> outside a <nic>; ignored")
-        stack.append((tag, None))
+        push(tag, None)
 
     lines = block.splitlines(keepends=True)
-    for k, chunk in enumerate(lines):
+    for k, line in enumerate(lines):
         line_no = base_line + k
         try:
-            parser.feed(chunk)
-            for ev, elem in parser.read_events():
-                if ev == "start":
+            for at in range(0, len(line), _FEED_CHARS):
+                parser.feed(line[at:at + _FEED_CHARS])
+                for ev, elem in parser.read_events():
+                    if ev != "start":
+                        if stack:
+                            stack.pop()
+                        continue
+                    if len(stack) >= MAX_DEPTH:  # _xml_prefix stops before both caps already: guards
+                        warn(line_no, f"elements nested deeper than {MAX_DEPTH} (an NCCL topology is under 10 deep); "
+                                      "read what came before it")
+                        failed = True
+                        break
+                    if elements >= MAX_ELEMENTS:
+                        warn(line_no, f"more than {MAX_ELEMENTS} elements (NCCL itself loads at most 256); "
+                                      f"read the first {MAX_ELEMENTS}")
+                        failed = True
+                        break
+                    elements += 1
                     on_start(elem, line_no)
-                elif stack:
-                    stack.pop()
+                if failed:
+                    break
         except ET.ParseError as e:
             pos = getattr(e, "position", None)
             at = base_line + pos[0] - 1 if pos else line_no
             warn(at, f"XML error ({_reason(e)}); read what came before it")
             failed = True
+        if failed:
             break
-    if not failed and block.strip() == "":
+    if not failed and why == "deep":
+        warn(end_line, f"elements nested deeper than {MAX_DEPTH} (an NCCL topology is under 10 deep); "
+                       "read what came before it")
+    elif not failed and why == "many":
+        warn(end_line, f"more than {MAX_ELEMENTS} elements (NCCL itself loads at most 256); "
+                       f"read the first {MAX_ELEMENTS}")
+    elif not failed and block.strip() == "":
         warn(base_line, "the <system> tag itself is cut off; nothing to read")
     elif not failed and stack:
-        open_tags = "/".join(t for t, _ in stack)
+        open_tags = "/".join(t for t, *_ in stack)
         if why == "text":
             snippet = text[end:end + 40].splitlines()[0] if text[end:end + 40].strip() else ""
             warn(end_line, f"the topology is cut off here ({snippet!r} follows); "

@@ -263,3 +263,56 @@ def test_lone_nic_in_a_switch_of_another_model_is_not_a_rail():
     topo = analyse(nccl_xml.parse(text, "t"))
     assert topo.nic("0000:5c:00.0").role == "storage"
     assert [n.name for n in topo.nics if n.role == "compute"] == ["mlx5_0", "mlx5_1", "mlx5_2"]
+
+
+# ---------------------------------------------------------------- hostile sizes (one pass, caps)
+
+def _chain(n: int, per_line: bool = False, leaf: str = "") -> str:
+    """``<system><cpu>`` holding ``n`` nested ``<pci>`` (distinct bus ids), ``leaf`` in the innermost."""
+    sep = "\n" if per_line else ""
+    opens = sep.join(f'<pci busid="{i >> 16:04x}:{(i >> 8) & 0xff:02x}:{i & 0xff:02x}.0">' for i in range(n))
+    return f'<system version="1"><cpu numaid="0">{sep}{opens}{leaf}{"</pci>" * n}</cpu></system>\n'
+
+
+@pytest.mark.parametrize("per_line", [False, True], ids=["one-line", "line-per-element"])
+def test_100k_nested_elements_stop_at_the_depth_cap_in_one_pass(per_line):
+    text = _chain(100_000, per_line)
+    assert len(text) > 3_000_000
+    topo = analyse(nccl_xml.parse(text, "deep.xml"))
+    deep = [w for w in topo.warnings if "nested deeper than 64" in w]
+    assert len(deep) == 1 and deep[0].startswith("deep.xml: line ")
+    assert len(topo.pci) == nccl_xml.MAX_DEPTH - 2  # <system> and <cpu> are two of the 64 levels
+    if per_line:
+        assert deep[0].startswith(f"deep.xml: line {nccl_xml.MAX_DEPTH}: ")  # the 65th level's line
+
+
+def test_nesting_up_to_the_cap_is_read_whole_with_its_parent_chain():
+    n = nccl_xml.MAX_DEPTH - 3  # system, cpu, n pci, gpu: exactly MAX_DEPTH levels
+    text = _chain(n, leaf='<gpu dev="0"/>')
+    topo = analyse(nccl_xml.parse(text, "ok.xml"))
+    assert not any("deeper" in w or "cut off" in w for w in topo.warnings), topo.warnings
+    (g,) = topo.gpus
+    assert g.index == 0 and g.numa_node == 0
+    hops, bus = 0, g.pci_bus_id
+    while topo.pci[bus].parent is not None:
+        bus, hops = topo.pci[bus].parent, hops + 1
+    assert hops == n - 1 and topo.pci[bus].root == "cpu:0"
+    text = _chain(n + 1, leaf='<gpu dev="0"/>')  # one level more: the gpu is the 65th
+    assert any("nested deeper than 64" in w for w in nccl_xml.parse(text, "x").warnings)
+
+
+def test_100k_sibling_elements_stop_at_the_element_cap():
+    body = "".join(f'<pci busid="{i >> 16:04x}:{(i >> 8) & 0xff:02x}:{i & 0xff:02x}.0" class="0x030200"><gpu dev="{i}"/></pci>'
+                   for i in range(100_000))
+    topo = nccl_xml.parse(f'<system version="1"><cpu numaid="0">{body}</cpu></system>', "wide.xml")
+    assert [w for w in topo.warnings if "elements" in w] == [
+        f"wide.xml: line 1: more than {nccl_xml.MAX_ELEMENTS} elements (NCCL itself loads at most 256); "
+        f"read the first {nccl_xml.MAX_ELEMENTS}"]
+    assert len(topo.gpus) == (nccl_xml.MAX_ELEMENTS - 2) // 2  # each GPU is a <pci> and a <gpu>
+    assert [g.index for g in topo.gpus[:3]] == [0, 1, 2]
+
+
+def test_a_quoted_angle_bracket_does_not_end_a_tag_and_an_unclosed_quote_is_a_cut_off_tag():
+    text = '<system version="1"><cpu numaid="0" note="a > b"><pci busid="0000:18:00.0" class="0x030200"><gpu dev="0"/></pci></cpu></system>'
+    assert [g.pci_bus_id for g in nccl_xml.parse(text, "q.xml").gpus] == ["0000:18:00.0"]
+    assert nccl_xml._xml_prefix('<system a="x><cpu>', 0) == (0, "open-tag")
