@@ -15,7 +15,12 @@ linkpass daemon and every bfdd over the window, and per *monitored path*: a link
 monitors ``hosts-1`` peers on each of its rails (its probe paths), a bfdd ``hosts-1`` sessions.
 This is the issue's "CPU per probed path at equal interval, next to bfdd's per session".
 
-Phase 2, loss (``--duration-s``, skipped with 0): ``loss:PCT`` on every host's port on every
+Phase 2, load (``--load-s``, skipped with 0): ``--busy-loops`` processes (default: one per
+core) spin for the window on a healthy fabric, the normal state of a GPU node (data loaders,
+compilers).  Counted as in phase 3 (every rail DOWN, DEGRADED and route change is false: nothing
+is wrong with the fabric), next to bfdd's session down events over the same window.
+
+Phase 3, loss (``--duration-s``, skipped with 0): ``loss:PCT`` on every host's port on every
 rail at once (each port drops PCT % of frames in each direction, so a probe round trip between
 two hosts crosses four lossy hops: about 1-(1-PCT/100)^4 of round trips are lost, 7.8 % at
 2 %).  Nobody queries the daemons during the phase; the counts are the difference of each
@@ -36,6 +41,8 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -91,6 +98,74 @@ def _bfd_down_events(bfd: Bfd) -> dict[int, int | None]:
     return out
 
 
+#: a busy loop (a data loader's decode thread)
+SPIN = "while True: pass"
+#: short processes one after another, each importing modules and exiting (a compiler's
+#: workers, a launcher's helpers): new processes, page faults and exits keep the scheduler busy
+#: in a way a steady spinner does not
+SPAWN = ("import subprocess, sys\n"
+         "while True: subprocess.run([sys.executable, '-c', 'import json, decimal, email.parser, http.client'])")
+
+
+def _load_kinds(kind: str, n: int) -> list[str]:
+    """``n`` load processes of ``kind`` (spin, spawn, or mixed: both, half each)."""
+    if kind == "mixed":
+        return ["spin" if i % 2 == 0 else "spawn" for i in range(2 * n)]
+    return [kind] * n
+
+
+def _window_counts(cl, hosts: int, tot0: list[dict], st: list[dict]) -> list[dict]:
+    counts = []
+    for i in range(hosts):
+        d = {k: v - tot0[i].get(k, 0) for k, v in st[i].get("totals", {}).items()}
+        counts.append({"host": f"h{i}", "false_failovers": d.get("rail_down", 0), "path_down": d.get("path_down", 0),
+                       "path_suspect": d.get("path_suspect", 0), "degraded": d.get("degraded", 0),
+                       "route_changes": d.get("route_changes", 0), "totals_delta": d})
+    return counts
+
+
+def _load_phase(args, cl, bfd, lp_pids: list[int], bfd_pids: list[int]) -> dict:
+    """Busy loops on a healthy fabric: every rail DOWN, DEGRADED and route change is false."""
+    n = args.busy_loops or os.cpu_count() or 2
+    tot0 = [cl.ask(i).get("totals", {}) for i in range(args.hosts)]
+    bfd_down0 = _bfd_down_events(bfd) if bfd else {}
+    t0 = time.monotonic_ns()
+    print(f"load window {args.load_s} s with {n} busy loop(s) ...", flush=True)
+    nice = args.busy_nice
+    procs = [subprocess.Popen([sys.executable, "-c", SPIN if k == "spin" else SPAWN],
+                              preexec_fn=(lambda: os.nice(nice)) if nice else None)
+             for k in _load_kinds(args.load_kind, n)]
+    try:
+        c0 = {p: _cpu_ns(p) for p in lp_pids + bfd_pids}
+        time.sleep(args.load_s)  # nobody queries the daemons meanwhile
+        c1 = {p: _cpu_ns(p) for p in lp_pids + bfd_pids}
+    finally:
+        for p in procs:
+            p.kill()
+        for p in procs:
+            p.wait()
+    t1 = time.monotonic_ns()
+    bfd_down1 = _bfd_down_events(bfd) if bfd else {}
+    st = [cl.ask(i) for i in range(args.hosts)]
+    counts = _window_counts(cl, args.hosts, tot0, st)
+    reasons = [f"h{i}: {e.get('reason')}" for i in range(args.hosts) for e in cl.history(i)
+               if e.get("kind") == "rail" and e.get("new") == "DOWN" and t0 <= e.get("t_ns", 0) <= t1]
+    w = t1 - t0
+    return {
+        "busy_loops": n, "busy_nice": args.busy_nice, "load_kind": args.load_kind, "window_s": round(w / 1e9, 1), "hosts": counts,
+        "false_failovers": sum(c["false_failovers"] for c in counts),
+        "false_failover_reasons": reasons,
+        "path_down": sum(c["path_down"] for c in counts),
+        "degraded": sum(c["degraded"] for c in counts),
+        "route_changes": sum(c["route_changes"] for c in counts),
+        "linkpass_cpu_pct": [round(100 * (c1[p] - c0[p]) / w, 3) for p in lp_pids],
+        "bfdd_cpu_pct": [round(100 * (c1[p] - c0[p]) / w, 3) for p in bfd_pids],
+        "bfdd_session_down_events": ({i: (None if bfd_down1.get(i) is None or bfd_down0.get(i) is None
+                                          else bfd_down1[i] - bfd_down0[i]) for i in bfd_down1} if bfd else None),
+        "probe_counters": [{k: v for k, v in s["counters"].items() if k.startswith("probes_")} for s in st],
+    }
+
+
 def run(args) -> dict:
     machine = machine_info()
     bfdd, bfd_note = (None, "disabled (--no-bfd)") if args.no_bfd else ensure_bfdd()
@@ -140,6 +215,8 @@ def run(args) -> dict:
         idle["probe_counters"] = [{k: v for k, v in s["counters"].items() if k.startswith("probes_")} for s in st]
         result["idle"] = idle
         result["paths_fast"] = [sum(1 for p in s["paths"] if p.get("fast", True)) for s in st]
+        if args.load_s > 0:
+            result["load"] = _load_phase(args, cl, bfd, lp_pids, bfd_pids)
 
         if args.duration_s > 0:
             tot0 = [cl.ask(i).get("totals", {}) for i in range(args.hosts)]
@@ -156,12 +233,7 @@ def run(args) -> dict:
             bfd_down1 = _bfd_down_events(bfd) if bfd else {}
             st = [cl.ask(i) for i in range(args.hosts)]
             fab.heal(args.name)
-            counts = []
-            for i in range(args.hosts):
-                d = {k: v - tot0[i].get(k, 0) for k, v in st[i].get("totals", {}).items()}
-                counts.append({"host": f"h{i}", "false_failovers": d.get("rail_down", 0), "path_down": d.get("path_down", 0),
-                               "path_suspect": d.get("path_suspect", 0), "degraded": d.get("degraded", 0),
-                               "route_changes": d.get("route_changes", 0), "totals_delta": d})
+            counts = _window_counts(cl, args.hosts, tot0, st)
             # the reasons, from what the history still holds
             reasons = [f"h{i}: {e.get('reason')}" for i in range(args.hosts) for e in cl.history(i)
                        if e.get("kind") == "rail" and e.get("new") == "DOWN" and t_cut <= e.get("t_ns", 0) <= t_end]
@@ -192,8 +264,8 @@ def run(args) -> dict:
         "schema": SCHEMA,
         "date_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "machine": machine,
-        "params": {k: getattr(args, k) for k in ("hosts", "rails", "interval_ms", "multiplier", "idle_s", "loss_pct",
-                                                 "duration_s", "hold_down_ms", "name")},
+        "params": {k: getattr(args, k) for k in ("hosts", "rails", "interval_ms", "multiplier", "idle_s", "load_s",
+                                                 "busy_loops", "busy_nice", "load_kind", "loss_pct", "duration_s", "hold_down_ms", "name")},
         "targets": TARGETS,
         "bfdd_note": bfd_note,
         **result,
@@ -214,6 +286,18 @@ def print_report(r: dict) -> None:
         print(f"  bfdd     {d['host']}: {d['cpu_pct']:.2f} % for {d['sessions']} session(s) = {d['cpu_pct_per_session']:.2f} % per session")
     for i, c in enumerate(idle["probe_counters"]):
         print(f"  h{i} probe counters: " + ", ".join(f"{k[7:]}={v}" for k, v in sorted(c.items())))
+    load = r.get("load")
+    if load:
+        print(f"load: {load['busy_loops']} x {load.get('load_kind', 'spin')} load (nice {load.get('busy_nice', 0)}) for {load['window_s']} s on a healthy fabric:")
+        print(f"  false failovers {load['false_failovers']} (target 0), DEGRADED {load['degraded']} (target 0), "
+              f"route changes {load['route_changes']} (target 0), path DOWN {load['path_down']}")
+        for why in load["false_failover_reasons"]:
+            print(f"    rail DOWN: {why}")
+        print(f"  linkpass CPU % {load['linkpass_cpu_pct']}, bfdd CPU % {load['bfdd_cpu_pct']}, "
+              f"bfdd session down events {load['bfdd_session_down_events']}")
+        for i, c in enumerate(load["probe_counters"]):
+            keep = {k[7:]: v for k, v in c.items() if k[7:] in ("timeouts", "voided_lag", "late_wakeups", "peer_silent_misses", "rx_dropped", "late")}
+            print(f"  h{i} probe counters since start: {keep}")
     loss = r.get("loss")
     if loss:
         print(f"loss:{loss['loss_pct_per_port']} on every port for {loss['duration_s']} s "
@@ -241,6 +325,12 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--hold-down-ms", type=int, default=2000)
     ap.add_argument("--idle-s", type=float, default=30.0)
     ap.add_argument("--settle-s", type=float, default=2.0)
+    ap.add_argument("--load-s", type=float, default=60.0, help="busy-loop phase length; 0 skips it")
+    ap.add_argument("--busy-loops", type=int, default=0, help="busy processes in the load phase (0: one per core)")
+    ap.add_argument("--load-kind", choices=("spin", "spawn", "mixed"), default="mixed",
+                    help="spin: busy loops; spawn: short processes back to back; mixed: --busy-loops of each")
+    ap.add_argument("--busy-nice", type=int, default=0, help="nice increment of the busy processes (negative: they "
+                    "outrank the daemons, like a training job given priority)")
     ap.add_argument("--loss-pct", type=int, default=2)
     ap.add_argument("--duration-s", type=float, default=600.0, help="loss phase length; 0 skips it")
     ap.add_argument("--no-bfd", action="store_true")
@@ -255,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
         print("soak.py: needs --hosts >= 2, --rails >= 1, --loss-pct 1..100, --idle-s > 0", file=sys.stderr)
         return 2
     bad = check_args("soak.py", args, positive=("interval_ms", "multiplier"),
-                     non_negative=("hold_down_ms", "settle_s", "duration_s"))
+                     non_negative=("hold_down_ms", "settle_s", "duration_s", "load_s", "busy_loops"))
     if bad:
         return bad
     return run_and_report("soak.py", run, print_report, args)

@@ -49,15 +49,21 @@ def _harm(before, after):
     return [{k: a[k] - b[k] for k in HARM if a[k] != b[k]} for b, a in zip(before, after)]
 
 
+SPIN = "while True: pass"
+SPAWN = ("import subprocess, sys\n"
+         "while True: subprocess.run([sys.executable, '-c', 'import json, decimal, email.parser, http.client'])")
+
+
 class BusyLoops:
-    """One busy process per core (the normal state of a GPU node: data loaders, compilers)."""
+    """Per core, one busy loop and one process spawning short-lived processes back to back:
+    the normal state of a GPU node (data loaders' decode threads, compilers' workers)."""
 
     def __init__(self, n: int | None = None):
         self.n = n or os.cpu_count() or 2
         self.procs: list[subprocess.Popen] = []
 
     def __enter__(self):
-        self.procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(self.n)]
+        self.procs = [subprocess.Popen([sys.executable, "-c", code]) for _ in range(self.n) for code in (SPIN, SPAWN)]
         return self
 
     def __exit__(self, *exc):
