@@ -348,8 +348,8 @@ def _handle(msg, topics: list[str], args, console, seen: OrderedDict) -> bool:
         return False  # a subscription an earlier run left in the same --session
     try:
         doc = json.loads(msg.payload)
-    except (ValueError, TypeError):
-        print(f"linkpass: alerts: {msg.topic}: payload is not JSON; skipped", file=sys.stderr)
+    except (ValueError, TypeError, RecursionError):  # RecursionError: nesting deeper than the parser's stack
+        print(f"linkpass: alerts: {msg.topic}: payload is not JSON we can read; skipped", file=sys.stderr)
         return False
     if not isinstance(doc, dict):
         return False

@@ -40,6 +40,9 @@ from pathlib import Path
 from torch_hooks import protocol as proto
 
 log = logging.getLogger("linkpass.hooks")
+#: listen(2) backlog of the hook socket: the ranks and spares of one node registering at once
+#: (Linux caps it at net.core.somaxconn, 4096 by default since 5.4)
+HOOK_BACKLOG = 1024
 
 _MAX_BUFFERED = 1 << 20    # bytes queued for one client before it is dropped as not reading
 _LOUD_ERRORS = 5           # errors per client logged at WARNING; later ones at DEBUG
@@ -193,7 +196,8 @@ class HookServer:
             OSError: see :meth:`check_path`, or the socket cannot be bound.
         """
         self.check_path()
-        self._server = await asyncio.start_unix_server(self._serve, path=self.path)
+        # every rank of a node (and its spares) connects at start, at about the same moment
+        self._server = await asyncio.start_unix_server(self._serve, path=self.path, backlog=HOOK_BACKLOG)
         os.chmod(self.path, 0o660)
         log.info("hook socket %s listening", self.path)
 

@@ -93,3 +93,17 @@ def test_session_equal_to_the_configs_client_id_is_refused(tmp_path, capsys):
     assert alerts_cli.main(["tail", "--config", str(cfg), "--session", "noc1"]) == 2
     err = capsys.readouterr().err
     assert "mqtt.client_id" in err and err.count("\n") == 1
+
+
+def test_deeply_nested_or_garbage_payloads_are_skipped_with_one_line(capsys):
+    from types import SimpleNamespace
+
+    class Topic(str):
+        def matches(self, t):
+            return True
+
+    for payload in (b"[" * 200_000 + b"]" * 200_000, b"\xff\xfe", b"{"):
+        msg = SimpleNamespace(topic=Topic("linkpass/h0/events"), payload=payload, retain=False)
+        assert alerts_cli._handle(msg, ["linkpass/#"], SimpleNamespace(json=True), None, {}) is False
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 3 and all("skipped" in line for line in err)
