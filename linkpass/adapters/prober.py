@@ -395,8 +395,11 @@ class Prober:
         self._handle = None
         try:
             # read every reply that arrived before judging any probe: under load the loop gets
-            # here late, and replies queued meanwhile carry their kernel arrival times
-            self.drain()
+            # here late, and replies queued meanwhile carry their kernel arrival times.  A turn
+            # that only sends judges nothing and reads nothing (most turns: replies come in
+            # well before their deadline and the reader callbacks take them)
+            if self._judging(self.clock()):
+                self.drain()
             now = self.clock()
             lag = 0 if self._wake_at is None else now - self._wake_at
             self.loop_lag_max_ns = max(self.loop_lag_max_ns, lag)
@@ -420,6 +423,17 @@ class Prober:
         times = [self._last_ok[k] + d for k in self.schedule.confirming()
                  if k in self._last_ok and self._silenced.get(k) != self._last_ok[k]]
         return min(times) if times else None
+
+    def _judging(self, now: int) -> bool:
+        """Whether a turn at ``now`` declares something lost (a deadline, an expected proof or
+        a silence has come)."""
+        dl = self.guard.next_deadline_ns()
+        if dl is not None and dl <= now:
+            return True
+        if self._expect and min(self._expect.values()) <= now:
+            return True
+        silent = self._next_silence_ns()
+        return silent is not None and silent <= now
 
     def _elsewhere(self, rail: int, peer: str, since_ns: int) -> bool | None:
         """Whether ``peer`` answered (a reply or a proof) on another of our rails at or after
