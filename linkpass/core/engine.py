@@ -669,6 +669,7 @@ class Engine:
             "warnings": list(self.warnings),
             "totals": dict(sorted(self.totals.items())),
             "paths": [{"rail": r, "peer": p, "state": h.state.value, "misses": h.misses,
+                       "peer_elsewhere": h.peer_elsewhere, "counts_against_rail": self._path_counts(h),
                        "rtt_ms": None if h.last_rtt_ns is None else round(h.last_rtt_ns / 1e6, 3)}
                       for (r, p), h in sorted(self.paths.items())],
             "incidents": [dict(d, sources=list(d["sources"])) for d in self.incidents],
