@@ -349,7 +349,7 @@ def _handle(msg, topics: list[str], args, console, seen: OrderedDict) -> bool:
     try:
         doc = json.loads(msg.payload)
     except (ValueError, TypeError, RecursionError):  # RecursionError: nesting deeper than the parser's stack
-        print(f"linkpass: alerts: {msg.topic}: payload is not JSON we can read; skipped", file=sys.stderr)
+        print(f"linkpass: alerts: {msg.topic}: payload is not JSON; skipped", file=sys.stderr)
         return False
     if not isinstance(doc, dict):
         return False

@@ -153,6 +153,8 @@ class Prober:
         self._wake_at: int | None = None  # when the armed timer should fire (monotonic ns)
         self._rxq_drops: dict[int, int] = {}  # socket fd -> its SO_RXQ_OVFL count last seen
         self._peer_rails: dict[str, list[int]] = {}  # peer -> our rails that probe it
+        self._peer_last: dict[str, int] = {}  # peer -> its latest evidence on any rail (ns)
+        self._peer_back: dict[str, int] = {}  # peer -> when it last answered again after a peer-wide silence
         self.path_stats: dict[tuple[int, str], wire.PathStats] = {}
         self._seq = time.time_ns()  # a restarted prober never reuses a recent seq
         self._priority: list[str] = []
@@ -201,6 +203,9 @@ class Prober:
         self._silenced = {k: v for k, v in self._silenced.items() if k in wanted}
         for d in (self._reply_seq, self._answered, self._ack_used, self._evidence_ns, self._expect):
             for k in [k for k in d if k not in wanted]:
+                del d[k]
+        for d in (self._peer_last, self._peer_back):
+            for k in [k for k in d if k not in self._peer_rails]:
                 del d[k]
         self.guard.forget(wanted)
 
@@ -435,16 +440,39 @@ class Prober:
         silent = self._next_silence_ns()
         return silent is not None and silent <= now
 
-    def _elsewhere(self, rail: int, peer: str, since_ns: int) -> bool | None:
+    def _gap_ns(self, peer: str) -> int:
+        """Silence from ``peer`` on every rail longer than this is peer-wide: two of the
+        intervals it is probed at (the fast one if any of its paths is fast)."""
+        fast = any(self.schedule.is_fast(r, peer) for r in self._peer_rails.get(peer, ()))
+        return 2 * (self.schedule.interval_ns if fast else self.schedule.slow_interval_ns)
+
+    def _peer_evidence(self, peer: str, t: int) -> None:
+        last = self._peer_last.get(peer)
+        if last is not None and t - last > self._gap_ns(peer):
+            self._peer_back[peer] = t  # it was silent everywhere and has just come back
+        if last is None or t > last:
+            self._peer_last[peer] = t
+
+    def _elsewhere(self, rail: int, peer: str, since_ns: int, now_ns: int | None = None) -> bool | None:
         """Whether ``peer`` answered (a reply or a proof) on another of our rails at or after
-        ``since_ns``; None when no other rail leads to it."""
+        ``since_ns``, and has kept answering for BFD's detection time since its last peer-wide
+        silence; None when no other rail leads to it.
+
+        The second part matters when a stalled peer resumes: its rails come back one after the
+        other within milliseconds, and a miss on the last one in that moment is the stall's,
+        not the rail's.  A rail that stays silent while the others answer is judged so once
+        the peer has answered elsewhere for the detection time."""
         others = [r for r in self._peer_rails.get(peer, ()) if r != rail]
         if not others:
             return None
-        return any(self._last_ok.get((r, peer), -1) >= since_ns for r in others)
+        if not any(self._last_ok.get((r, peer), -1) >= since_ns for r in others):
+            return False
+        back = self._peer_back.get(peer)
+        now = self.clock() if now_ns is None else now_ns
+        return back is None or now - back >= self._detect_ns()
 
     def _post_miss(self, rail: int, peer: str, t_ns: int, seq: int, since_ns: int) -> None:
-        elsewhere = self._elsewhere(rail, peer, since_ns)
+        elsewhere = self._elsewhere(rail, peer, since_ns, t_ns)
         if elsewhere is False:
             self.counters["peer_silent_misses"] += 1
         self.post(ProbeResult(rail, peer, False, t_ns, None, seq, peer_elsewhere=elsewhere))
@@ -639,6 +667,7 @@ class Prober:
         rtt = max(0, t - pend.sent_ns)
         self.counters["replies"] += 1
         self._last_ok[key] = max(t, self._last_ok.get(key, t))
+        self._peer_evidence(pend.peer, t)
         self._reply_seq[key] = pend.seq
         self.schedule.settle(*key)
         st = self.path_stats.get(key)
@@ -662,6 +691,7 @@ class Prober:
         self._evidence_ns[key] = now
         self._expect.pop(key, None)
         self._last_ok[key] = max(now, self._last_ok.get(key, now))
+        self._peer_evidence(key[1], now)
         self.schedule.settle(*key)
         self.counters["passive_ok"] += 1
         self.path_stats[key].record(True)

@@ -282,3 +282,33 @@ rail_ips = {{ "0" = "198.18.0.2" }}
             ns.close()
 
     assert asyncio.run(main()) > 0
+
+
+def test_a_miss_while_a_stalled_peer_comes_back_rail_by_rail_is_the_stall_not_the_rail():
+    """The peer was silent everywhere (SIGSTOP), then answers on rail 0 a moment before rail 1:
+    a rail-1 miss in that moment is peer-wide; after BFD's detection time of rail 0 answering
+    while rail 1 stays silent, rail 1's misses are its own."""
+    pr, clock, events = prober_for()
+    pend = _send_all(pr, clock)
+    clock[0] += 1 * MS
+    for r in (0, 1):
+        pr.on_datagram(_reply(pend[r]), ("198.18.0.2", 7472))
+    clock[0] += 200 * MS  # the peer stops answering anywhere
+    clock[0] = pr.schedule.next_tick_ns if pr.schedule.next_tick_ns > clock[0] else clock[0]
+    pend = _send_all(pr, clock)
+    clock[0] += 2 * MS
+    pr.on_datagram(_reply(pend[0]), ("198.18.0.2", 7472))  # back on rail 0 first
+    clock[0] = pend[1].deadline_ns
+    pr._expire(clock[0])
+    assert events[-1].rail == 1 and events[-1].peer_elsewhere is False
+    # rail 0 keeps answering for longer than the detection time; rail 1 stays silent
+    t_end = clock[0] + pr._detect_ns() + 20 * MS
+    while clock[0] < t_end:
+        clock[0] = max(clock[0], pr.schedule.next_tick_ns)
+        pend = _send_all(pr, clock)
+        clock[0] += 1 * MS
+        if 0 in pend:
+            pr.on_datagram(_reply(pend[0]), ("198.18.0.2", 7472))
+        clock[0] = max(p.deadline_ns for p in pr.guard._pending.values()) if len(pr.guard) else clock[0]
+        pr._expire(clock[0])
+    assert events[-1].rail == 1 and events[-1].ok is False and events[-1].peer_elsewhere is True
