@@ -73,15 +73,20 @@ class BusyLoops:
             p.wait()
 
 
-@pytest.fixture
-def fabric_3x8(tmp_path):
-    c = Cluster(hosts=3, rails=8, hold_down_ms=2000, tmp=tmp_path)
+def _healthy_cluster(tmp_path, rails: int):
+    """3 hosts x ``rails`` with default daemons, every probe path UP; closed at the end."""
+    c = Cluster(hosts=3, rails=rails, hold_down_ms=2000, tmp=tmp_path)
     try:
         c.start_all()
-        wait_for(lambda: _all_paths_up(c, 16), timeout=20, what="every path UP")
+        wait_for(lambda: _all_paths_up(c, 2 * rails), timeout=20, what="every path UP")
         yield c
     finally:
         c.close()
+
+
+@pytest.fixture
+def fabric_3x8(tmp_path):
+    yield from _healthy_cluster(tmp_path, 8)
 
 
 def test_idle_healthy_3x8_fabric_under_busy_loops_fails_nothing(fabric_3x8):
@@ -98,13 +103,7 @@ def test_idle_healthy_3x8_fabric_under_busy_loops_fails_nothing(fabric_3x8):
 
 @pytest.fixture
 def fabric_3x2(tmp_path):
-    c = Cluster(hosts=3, rails=2, hold_down_ms=2000, tmp=tmp_path)
-    try:
-        c.start_all()
-        wait_for(lambda: _all_paths_up(c, 4), timeout=20, what="every path UP")
-        yield c
-    finally:
-        c.close()
+    yield from _healthy_cluster(tmp_path, 2)
 
 
 def test_a_daemon_stopped_for_200_ms_five_times_changes_no_route_anywhere(fabric_3x2):
