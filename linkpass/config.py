@@ -588,6 +588,8 @@ def parse_config(text: str, source: str = "<config>") -> Config:
                           "(past the TOML reader's recursion limit)") from None
     except MemoryError:
         raise ConfigError(f"{source}: cannot read: out of memory while parsing the TOML") from None
+    except ValueError as e:  # an integer past Python's 4300-digit conversion limit (sys.set_int_max_str_digits)
+        raise ConfigError(f"{source}: cannot parse: {e}") from None
     try:
         return Config.model_validate(raw)
     except ValidationError as e:

@@ -84,6 +84,8 @@ def parse_request(line: bytes) -> tuple[dict | None, str | None]:
         return None, f"request is not JSON ({e.msg} at offset {e.pos})"
     except RecursionError:
         return None, "request is JSON nested too deeply"
+    except ValueError as e:  # e.g. an integer past Python's 4300-digit conversion limit
+        return None, f"request is JSON we cannot read ({e})"
     if not isinstance(req, dict):
         return None, 'request must be a JSON object such as {"cmd": "status"}'
     if not isinstance(req.get("cmd", "status"), str):

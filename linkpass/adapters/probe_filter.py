@@ -73,8 +73,8 @@ class ProbeFilter:
             self.last_ok.pop(key, None)  # never answered: not a path yet
         else:
             self.last_ok[key] = False
-        if prev is None and not ev.ok:
-            self.absorbed += 1  # a path that never answered: nothing for the engine to decide
+        if prev is None and not ev.ok and ev.peer_elsewhere is not True:
+            self.absorbed += 1  # a path that never answered, peer not heard elsewhere: nothing to decide
         elif not ev.ok:
             t_ok = self.last_ok_ns.get(key)
             self.post(dataclasses.replace(ev, since_ok_ns=None if t_ok is None else ev.t_ns - t_ok))

@@ -155,6 +155,7 @@ class Prober:
         self._peer_rails: dict[str, list[int]] = {}  # peer -> our rails that probe it
         self._peer_last: dict[str, int] = {}  # peer -> its latest evidence on any rail (ns)
         self._peer_back: dict[str, int] = {}  # peer -> when it last answered again after a peer-wide silence
+        self._own_loss: set[tuple[int, str]] = set()  # paths whose misses were last judged their own
         self.path_stats: dict[tuple[int, str], wire.PathStats] = {}
         self._seq = time.time_ns()  # a restarted prober never reuses a recent seq
         self._priority: list[str] = []
@@ -207,6 +208,7 @@ class Prober:
         for d in (self._peer_last, self._peer_back):
             for k in [k for k in d if k not in self._peer_rails]:
                 del d[k]
+        self._own_loss &= wanted
         self.guard.forget(wanted)
 
     def reconfigure(self, cfg: Config, key: bytes) -> None:
@@ -472,7 +474,20 @@ class Prober:
         return back is None or now - back >= self._detect_ns()
 
     def _post_miss(self, rail: int, peer: str, t_ns: int, seq: int, since_ns: int) -> None:
+        key = (rail, peer)
         elsewhere = self._elsewhere(rail, peer, since_ns, t_ns)
+        if elsewhere is False and key in self._own_loss:
+            # once a path's loss is its own it stays so until the path answers or the peer falls
+            # silent everywhere for longer than a gap: the other rails' evidence arrives on its
+            # own schedule, and a probe window that happens to hold none of it would otherwise
+            # flip the verdict (and the routes) back and forth on every miss
+            last = self._peer_last.get(peer)
+            if last is not None and t_ns - last <= self._gap_ns(peer):
+                elsewhere = True
+        if elsewhere:
+            self._own_loss.add(key)
+        else:
+            self._own_loss.discard(key)
         if elsewhere is False:
             self.counters["peer_silent_misses"] += 1
         self.post(ProbeResult(rail, peer, False, t_ns, None, seq, peer_elsewhere=elsewhere))
@@ -667,6 +682,7 @@ class Prober:
         rtt = max(0, t - pend.sent_ns)
         self.counters["replies"] += 1
         self._last_ok[key] = max(t, self._last_ok.get(key, t))
+        self._own_loss.discard(key)
         self._peer_evidence(pend.peer, t)
         self._reply_seq[key] = pend.seq
         self.schedule.settle(*key)
@@ -691,6 +707,7 @@ class Prober:
         self._evidence_ns[key] = now
         self._expect.pop(key, None)
         self._last_ok[key] = max(now, self._last_ok.get(key, now))
+        self._own_loss.discard(key)
         self._peer_evidence(key[1], now)
         self.schedule.settle(*key)
         self.counters["passive_ok"] += 1

@@ -61,6 +61,9 @@ class PathHealth:
         #: from the latest miss: did the peer answer on another rail meanwhile (see
         #: :attr:`linkpass.core.model.ProbeResult.peer_elsewhere`); None after an answer
         self.peer_elsewhere: bool | None = None
+        #: misses in a row after which a path that never answered, while its peer answers on
+        #: other rails, is DOWN (longer than BFD's count: the peer's rail socket may be opening)
+        self.never_answered_misses = max(10, 2 * self.detect_multiplier)
         #: when the latest result (answer or miss) reached the engine (monotonic ns)
         self.last_result_ns = 0
 
@@ -101,7 +104,12 @@ class PathHealth:
         self.misses += 1
         self.peer_elsewhere = peer_elsewhere
         if self.state == PathState.UNKNOWN:
-            return None  # never answered yet (peer's prober not up): not a failure, like a BFD session not yet Up
+            # never answered: not a failure while the peer may not run yet (like a BFD session
+            # not yet Up), unless the peer answers on other rails all along: then this path
+            # is broken from the start (e.g. a daemon restarted onto a rail already blackholed)
+            if peer_elsewhere is True and self.misses >= self.never_answered_misses:
+                return self._set(PathState.DOWN, now_ns, f"never answered in {self.misses} probes while the peer answers on other rails")
+            return None
         silent_long = since_ok_ns is None or self.interval_ns <= 0 or since_ok_ns >= self.detect_multiplier * self.interval_ns
         if self.misses >= self.detect_multiplier and silent_long:
             why = (f"{self.misses} probes in a row unanswered" if since_ok_ns is None else

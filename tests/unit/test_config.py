@@ -578,3 +578,10 @@ def test_bom_keeps_toml_positions_and_only_the_first_is_dropped(tmp_path):
     with pytest.raises(ConfigError) as ei:
         parse_config("\ufeff\ufeff" + EXAMPLE, "x.toml")
     assert "not valid TOML" in str(ei.value)
+
+
+def test_an_integer_past_pythons_digit_limit_is_one_line():
+    with pytest.raises(ConfigError) as ei:
+        parse_config(EXAMPLE.replace("[daemon]", "[daemon]\nhold_down_ms = " + "9" * 5000, 1), "x.toml")
+    s = assert_one_line(ei.value, "x.toml", None)
+    assert "cannot parse" in s and "digits" in s

@@ -235,3 +235,8 @@ def test_unexpected_error_while_reloading_is_a_refused_reload_not_a_traceback(sh
     assert d.cfg is old_cfg and "RecursionError" in d.reload_error
     (rec,) = [r for r in caplog.records if r.levelno >= logging.WARNING]
     assert "reload refused" in rec.getMessage() and not rec.exc_info
+
+
+def test_an_integer_past_pythons_digit_limit_is_an_error_line_not_a_traceback():
+    req, why = parse_request(b'{"cmd": "status", "x": ' + b"9" * 5000 + b"}\n")
+    assert req is None and "cannot read" in why

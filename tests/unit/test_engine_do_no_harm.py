@@ -167,3 +167,37 @@ def test_property_a_single_remote_fault_never_fails_a_local_rail(noise):
             ok = True
         res(e, t, rail, peer, ok, elsewhere)
     assert e.totals["rail_down"] == 0 and not e.probe_failed
+
+
+def test_a_path_that_never_answered_while_the_peer_answers_elsewhere_goes_down():
+    """A daemon restarted onto a rail that is already blackholed: (rail 1, h1) never answers,
+    h1 answers on rail 0 all along; after never_answered_misses the path is DOWN and traffic to
+    h1 avoids it.  Without evidence elsewhere (None/False) a never-answered path stays UNKNOWN."""
+    cfg, e = engine(2)
+    t = 1 * MS
+    for p in cfg.peers:
+        res(e, t, 0, p.name, True)
+        res(e, t, 1, "h2", True)
+    for i in range(12):
+        t += 10 * MS
+        res(e, t, 1, "h1", False, elsewhere=False)
+    assert e.paths[(1, "h1")].state.value == "UNKNOWN"
+    for i in range(12):
+        t += 10 * MS
+        res(e, t, 1, "h1", False, elsewhere=True)
+    assert e.paths[(1, "h1")].state.value == "DOWN"
+    assert route_rails(e, str(cfg.peers[0].host_ip)) == [0]
+    assert not e.probe_failed  # one peer's path: our rail is fine
+
+
+def test_probe_filter_forwards_never_answered_misses_only_with_evidence_elsewhere():
+    from linkpass.adapters.probe_filter import ProbeFilter
+
+    cfg, _ = engine(1)
+    posted = []
+    f = ProbeFilter(cfg, posted.append)
+    f(ProbeResult(1, "h1", False, 10 * MS, peer_elsewhere=None))
+    f(ProbeResult(1, "h1", False, 20 * MS, peer_elsewhere=False))
+    assert posted == []
+    f(ProbeResult(1, "h1", False, 30 * MS, peer_elsewhere=True))
+    assert len(posted) == 1 and posted[0].peer_elsewhere is True

@@ -82,10 +82,10 @@ def test_misses_say_whether_the_peer_answered_on_another_rail():
     clock[0] = pend[1].deadline_ns
     pr._expire(clock[0])
     assert events[-1].ok is False and events[-1].rail == 1 and events[-1].peer_elsewhere is True
-    # next round: nothing answers anywhere -> a peer-wide silence
+    # next round: nothing answers anywhere, for longer than a gap -> a peer-wide silence
     clock[0] = pr.schedule.next_tick_ns
     pend = _send_all(pr, clock)
-    clock[0] = max(p.deadline_ns for p in pend.values())
+    clock[0] = max(p.deadline_ns for p in pend.values()) + pr._gap_ns("h1")
     pr._expire(clock[0])
     assert [(e.rail, e.peer_elsewhere) for e in events[-2:]] == [(0, False), (1, False)]
     assert pr.counters["peer_silent_misses"] == 2
@@ -312,3 +312,22 @@ def test_a_miss_while_a_stalled_peer_comes_back_rail_by_rail_is_the_stall_not_th
         clock[0] = max(p.deadline_ns for p in pr.guard._pending.values()) if len(pr.guard) else clock[0]
         pr._expire(clock[0])
     assert events[-1].rail == 1 and events[-1].ok is False and events[-1].peer_elsewhere is True
+
+
+def test_a_paths_own_loss_does_not_flip_with_each_probe_window():
+    """Rail 0 dead, rail 1 answering: once rail 0's misses are its own, a probe window that
+    happens to hold no rail-1 evidence does not turn the verdict into a peer-wide silence (each
+    flip would move routes); a real peer-wide silence longer than a gap still does."""
+    pr, clock, events = prober_for()
+    pr._peer_rails = {"h1": [0, 1]}
+    pr._last_ok[(1, "h1")] = clock[0]
+    pr._peer_last["h1"] = clock[0]
+    pr._post_miss(0, "h1", clock[0] + 1 * MS, 1, clock[0])
+    assert events[-1].peer_elsewhere is True
+    # next miss: its window starts after rail 1's last evidence, but the peer was heard 5 ms ago
+    pr._post_miss(0, "h1", clock[0] + 5 * MS, 2, clock[0] + 2 * MS)
+    assert events[-1].peer_elsewhere is True
+    # the peer is then silent everywhere for longer than a gap
+    later = clock[0] + pr._gap_ns("h1") + 10 * MS
+    pr._post_miss(0, "h1", later, 3, later - 5 * MS)
+    assert events[-1].peer_elsewhere is False
