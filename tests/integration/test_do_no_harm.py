@@ -166,3 +166,25 @@ def test_a_50_ms_flap_storm_suppresses_no_healthy_rail_and_routes_settle(fabric_
     # and once the damping of the flapped rail has decayed, it is back everywhere
     wait_for(lambda: all(c.route_rails(i, j) == [0, 1] for i in range(3) for j in range(3) if i != j),
              timeout=90, what="the flapped rail back in use")
+
+
+def test_a_daemon_restarted_onto_a_blackholed_rail_routes_around_it_and_peers_stay_calm(fabric_3x2):
+    c = fabric_3x2
+    fab.cut(c.name, 1, 0, "blackhole")
+    wait_for(lambda: c.route_rails(0, 1) == [1] and c.route_rails(2, 1) == [1], timeout=10,
+             what="h0 and h2 avoid h1's rail 0")
+    c.stop(1)
+    c.start(1)
+    # h1 never hears anyone over rail 0 while they answer over rail 1: it leaves the rail
+    wait_for(lambda: c.route_rails(1, 0) == [1] and c.route_rails(1, 2) == [1], timeout=10,
+             what="restarted h1 avoids its blackholed rail 0")
+    wait_for(lambda: c.route_rails(0, 1) == [1] and c.route_rails(2, 1) == [1], timeout=10,
+             what="h0 and h2 still avoid h1's rail 0")
+    before = _totals(c)
+    for _ in range(30):  # a steady fault: nobody rewrites routes over and over
+        time.sleep(0.1)
+    after = _totals(c)
+    for i in (0, 2):
+        assert after[i]["route_changes"] - before[i]["route_changes"] <= 1, (before, after)
+        assert c.route_rails(i, 1) == [1] and c.route_rails(i, 2 - i if i else 2) == [0, 1]
+    fab.heal(c.name, 1, 0)
