@@ -129,7 +129,7 @@ class DaemonSection(_Strict):
         "torch hooks still get every notice, but no kernel route is changed (the hooks move the "
         "job's traffic by rebuilding its process group).",
     )
-    control_socket: str = Field(DEFAULT_CONTROL_SOCKET, description="Unix socket for `linkpass status`.")
+    control_socket: str = Field(DEFAULT_CONTROL_SOCKET, min_length=1, description="Unix socket for `linkpass status`.")
     route_protocol: StrictInt = Field(DEFAULT_ROUTE_PROTOCOL, ge=5, le=255, description="rtm_protocol tag of our routes.")
     route_table: StrictInt = Field(254, ge=1, le=2**31 - 1, description="Routing table for our routes (254 = main).")
     route_metric: StrictInt = Field(0, ge=0, le=2**32 - 1, description="Metric (priority) of our routes.")
@@ -415,6 +415,11 @@ class Config(_Strict):
             raise ValueError(f"peers: duplicate peer name in {_shown(names)}")
         if self.daemon.host in names:
             raise ValueError(f"peers: this host ({self.daemon.host}) is listed as its own peer")
+        own_ip = self.daemon.host_ip
+        for p in self.peers:
+            if own_ip is not None and p.host_ip is not None and p.host_ip == own_ip:
+                # a route to our own address via a rail would take this host's traffic off itself
+                raise ValueError(f"peers: peer {p.name} has this host's own host_ip {own_ip}")
         for i, p in enumerate(self.peers):
             if self.daemon.mode == "host-ip" and p.host_ip is None:
                 raise ValueError(f"peers[{i}].host_ip: required when mode = \"host-ip\"")

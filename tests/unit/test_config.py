@@ -585,3 +585,15 @@ def test_an_integer_past_pythons_digit_limit_is_one_line():
         parse_config(EXAMPLE.replace("[daemon]", "[daemon]\nhold_down_ms = " + "9" * 5000, 1), "x.toml")
     s = assert_one_line(ei.value, "x.toml", None)
     assert "cannot parse" in s and "digits" in s
+
+
+def test_empty_control_socket_and_a_peer_with_our_own_host_ip_are_refused():
+    import re
+
+    with pytest.raises(ConfigError) as ei:
+        parse_config(re.sub(r'control_socket = "[^"]*"', 'control_socket = ""', EXAMPLE, count=1), "x.toml")
+    assert "control_socket" in assert_one_line(ei.value, "x.toml", None)
+    assert '"198.19.0.2"' in EXAMPLE
+    with pytest.raises(ConfigError) as ei:
+        parse_config(EXAMPLE.replace('"198.19.0.2"', '"198.19.0.1"', 1), "x.toml")
+    assert "this host's own host_ip" in assert_one_line(ei.value, "x.toml", None)
