@@ -202,8 +202,10 @@ def test_kernel_arrival_times_reach_on_datagram():
                 select.select([rx], [], [], 5)
         after = pr.clock()
         assert len(got) == 5 and all(a is not None for a in got)
-        # realtime -> monotonic conversion: within a few ms of the window the sends happened in
-        assert all(before - 5 * MS <= a <= after + 5 * MS for a in got), (before, got, after)
+        # converted to the monotonic clock: the kernel stamped them between the first send and the
+        # last read (a sanity check of the conversion with a second's slack, not a timing)
+        assert all(before - 1_000_000_000 <= a <= after + 1_000_000_000 for a in got), (before, got, after)
+        assert got == sorted(got)  # one socket: in arrival order
     finally:
         rx.close()
         tx.close()
