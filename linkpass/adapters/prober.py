@@ -457,7 +457,7 @@ class Prober:
 
     def _elsewhere(self, rail: int, peer: str, since_ns: int, now_ns: int | None = None) -> bool | None:
         """Whether ``peer`` answered (a reply or a proof) on another of our rails at or after
-        ``since_ns``, and has kept answering for BFD's detection time since its last peer-wide
+        ``since_ns`` and within a gap (:meth:`_gap_ns`) before ``now_ns``, and has kept answering for BFD's detection time since its last peer-wide
         silence; None when no other rail leads to it.
 
         The second part matters when a stalled peer resumes: its rails come back one after the
@@ -467,10 +467,16 @@ class Prober:
         others = [r for r in self._peer_rails.get(peer, ()) if r != rail]
         if not others:
             return None
-        if not any(self._last_ok.get((r, peer), -1) >= since_ns for r in others):
+        latest = max(self._last_ok.get((r, peer), -1) for r in others)
+        if latest < since_ns:
+            return False
+        now = self.clock() if now_ns is None else now_ns
+        if now - latest > self._gap_ns(peer):
+            # answered elsewhere after this path's window opened, but silent everywhere since:
+            # a peer that stalls in the middle of a send round leaves a few rails' evidence a
+            # few ms newer than the rest, and the rest then miss while it is stalled
             return False
         back = self._peer_back.get(peer)
-        now = self.clock() if now_ns is None else now_ns
         return back is None or now - back >= self._detect_ns()
 
     def _post_miss(self, rail: int, peer: str, t_ns: int, seq: int, since_ns: int) -> None:

@@ -9,6 +9,7 @@ host's CPUs to itself.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -69,6 +70,12 @@ def _harm(before, after):
     return [{k: a[k] - b[k] for k in HARM if a[k] != b[k]} for b, a in zip(before, after)]
 
 
+def _story(c, last: int = 40):
+    """Per host, the last ``last`` history entries: why a route moved, for a failure message."""
+    return "\n".join(f"h{i}: {json.dumps(h)}" for i in range(c.hosts)
+                     for h in c.status(i, "history")["history"][-last:])
+
+
 SPIN = "while True: pass"
 SPAWN = ("import subprocess, sys\n"
          "while True: subprocess.run([sys.executable, '-c', 'import json, decimal, email.parser, http.client'])")
@@ -116,7 +123,7 @@ def test_idle_healthy_3x8_fabric_under_busy_loops_fails_nothing(fabric_3x8):
         # 16 paths at 10 ms: about 1,600 answers a second per host, so about a minute of load
         _window(c, 90_000, timeout=240)
     after = _totals(c)
-    assert _harm(before, after) == [{}, {}, {}], [c.status(i)["rails"] for i in range(3)]
+    assert _harm(before, after) == [{}, {}, {}], f"{_harm(before, after)}\n{_story(c)}"
     assert _kernel_routes(c) == routes
 
 

@@ -333,3 +333,24 @@ def test_a_paths_own_loss_does_not_flip_with_each_probe_window():
     later = clock[0] + pr._gap_ns("h1") + 10 * MS
     pr._post_miss(0, "h1", later, 3, later - 5 * MS)
     assert events[-1].peer_elsewhere is False
+
+
+def test_a_peer_that_stalls_in_the_middle_of_a_send_round_is_silent_everywhere():
+    """The peer's last round reached us on rail 1 a few ms after rail 0 (its loop was
+    descheduled between the two sends), then nothing anywhere: rail 0's misses during the stall
+    are peer-wide although rail 1's last evidence is newer than rail 0's window.  Seen in the
+    3x8 load test: 6 of a stalled peer's 8 paths went DOWN with peer_elsewhere and routes moved."""
+    pr, clock, events = prober_for()
+    pr._peer_rails = {"h1": [0, 1]}
+    t0 = clock[0]
+    pr._last_ok[(0, "h1")] = t0
+    pr._last_ok[(1, "h1")] = t0 + 4 * MS
+    pr._peer_last["h1"] = t0 + 4 * MS
+    # rail 0's third miss, judged BFD's detection time after its last answer
+    judged = t0 + pr._detect_ns()
+    pr._post_miss(0, "h1", judged, 3, t0 + 2 * MS)
+    assert events[-1].peer_elsewhere is False
+    # while rail 1 keeps answering (every interval), the same miss is rail 0's own
+    pr._last_ok[(1, "h1")] = pr._peer_last["h1"] = judged - 1 * MS
+    pr._post_miss(0, "h1", judged, 4, t0 + 2 * MS)
+    assert events[-1].peer_elsewhere is True
