@@ -93,6 +93,7 @@ class Engine:
         self.synced = False
         self._timer_at: int | None = None
         self._plan_usable: frozenset[int] = frozenset()
+        self._plan_path_down: frozenset[tuple[int, str]] = frozenset()  # paths the plan avoids
         self._resync_routes = False
         self._raw_ok: dict[int, bool] = {}       # rail -> last link+probe verdict (flaps while suppressed)
         self._link_healthy: dict[int, bool] = {}  # rail -> last link verdict alone
@@ -393,6 +394,8 @@ class Engine:
         # counting as this rail's problem: the routes and verdicts change although the state did not
         if counted_before != {k for k, p in self.paths.items() if k[1] == ev.peer and self._path_counts(p)}:
             changed = True
+        if self._avoided_paths(now_ns) != self._plan_path_down:
+            changed = True  # a DOWN path's hold has passed (or it came back)
         # every rail's verdict: one path's change can turn a peer into evidence for other rails
         for rid in sorted(self.rails):
             why = self._probe_verdict(rid, now_ns)
@@ -420,6 +423,22 @@ class Engine:
             return p.peer_elsewhere
         others = [q for (r, name), q in self.paths.items() if name == p.peer and r != p.rail]
         return not others or any(q.state == PathState.UP for q in others)
+
+    def _avoided_paths(self, now_ns: int) -> frozenset[tuple[int, str]]:
+        """The (rail, peer) paths that routes leave: DOWN paths that count against their rail
+        (:meth:`_path_counts`) and have stayed DOWN for one more detection time.
+
+        A path alone, its peer answering on the other rails, is either a fault between this
+        pair only or a delay on that path alone: under CPU load the kernel's packet
+        processing for one rail's traffic can stall for tens of ms (softirqs deferred to a
+        starved ksoftirqd), and the reply then arrives just after BFD's detection time.  Both
+        look the same at the detection time; the hold tells them apart at the cost of one more
+        detection time for pair-only faults.  It does not slow down the common faults: a rail
+        failed by its probes or its carrier is left at once by every route, and a peer whose own
+        rail failed announces it (``peer_rails``), which the plan follows without waiting."""
+        hold = self.cfg.probe.detect_multiplier * self.cfg.probe.interval_ms * 1_000_000
+        return frozenset(k for k, p in self.paths.items()
+                         if self._path_counts(p) and now_ns - p.since_ns >= hold)
 
     def _fresh(self, p: PathHealth, now_ns: int) -> bool:
         """A SUSPECT or DOWN path's verdict is current when a result came within two slow
@@ -592,7 +611,8 @@ class Engine:
         if not self.synced:
             return []  # no plan (and no notice) before the first link dump: we know nothing yet
         actions: list[Action] = []
-        path_down = frozenset(k for k, p in self.paths.items() if self._path_counts(p))
+        path_down = self._avoided_paths(now_ns)
+        self._plan_path_down = path_down
         plan = plan_routes(self.cfg, self.local_usable(), self.peer_usable, path_down, self.avoided_degraded())
         prev_usable = None if self.plan is None else self._plan_usable
         usable = self.local_usable()
@@ -670,6 +690,7 @@ class Engine:
             "totals": dict(sorted(self.totals.items())),
             "paths": [{"rail": r, "peer": p, "state": h.state.value, "misses": h.misses,
                        "peer_elsewhere": h.peer_elsewhere, "counts_against_rail": self._path_counts(h),
+                       "avoided": (r, p) in self._plan_path_down,
                        "rtt_ms": None if h.last_rtt_ns is None else round(h.last_rtt_ns / 1e6, 3)}
                       for (r, p), h in sorted(self.paths.items())],
             "incidents": [dict(d, sources=list(d["sources"])) for d in self.incidents],

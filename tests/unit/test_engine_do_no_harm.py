@@ -56,6 +56,10 @@ def test_issue_reproduction_one_remote_fault_plus_one_transient_miss_fails_no_lo
     assert e.paths[(0, "h2")].state.value == "SUSPECT" and e.paths[(1, "h2")].state.value == "SUSPECT"
     assert e.rails[1].state.value == "UP" and e.rails[0].state.value == "UP" and not e.probe_failed
     assert e.totals["rail_down"] == 0
+    for _ in range(cfg.probe.detect_multiplier):  # h1 stays silent on rail 1 for the path hold
+        t += 10 * MS
+        res(e, t, 1, "h1", False)
+        res(e, t, 0, "h1", True)
     h1_ip = str(cfg.peers[0].host_ip)
     assert route_rails(e, h1_ip) == [0]  # traffic to h1 leaves its broken rail all the same
 
@@ -70,6 +74,36 @@ def test_one_remote_port_fault_with_prober_flags_fails_no_local_rail_but_reroute
     assert e.paths[(1, "h1")].state.value == "DOWN" and not e.probe_failed
     assert route_rails(e, str(cfg.peers[0].host_ip)) == [0]
     assert route_rails(e, str(cfg.peers[1].host_ip)) == [0, 1]
+
+
+def test_a_path_alone_down_is_left_only_after_one_more_detection_time():
+    """One path silent for BFD's detection time while its peer answers on the other rail: a
+    pair-only fault or a delay on that path alone (a reply 35 ms late under CPU load); the
+    routes wait one more detection time, and a reply in that time moves nothing."""
+    cfg, e = engine(2)
+    t = 1 * MS
+    all_up(e, cfg, t)
+    h1_ip = str(cfg.peers[0].host_ip)
+    gen = e.generation
+    for _ in range(cfg.probe.detect_multiplier):
+        t += 10 * MS
+        res(e, t, 1, "h1", False, elsewhere=True)
+    assert e.paths[(1, "h1")].state.value == "DOWN"
+    t += 5 * MS
+    res(e, t, 1, "h1", True)  # the late reply: it was a delay
+    assert route_rails(e, h1_ip) == [0, 1] and e.generation == gen
+    for _ in range(cfg.probe.detect_multiplier):  # now a real fault: DOWN, then the hold
+        t += 10 * MS
+        res(e, t, 1, "h1", False, elsewhere=True)
+    assert e.paths[(1, "h1")].state.value == "DOWN" and route_rails(e, h1_ip) == [0, 1]
+    down_at = t
+    while t < down_at + cfg.probe.detect_multiplier * cfg.probe.interval_ms * MS:
+        t += 10 * MS
+        res(e, t, 1, "h1", False, elsewhere=True)
+    assert route_rails(e, h1_ip) == [0] and e.generation == gen + 1
+    t += 10 * MS
+    res(e, t, 1, "h1", True)
+    assert route_rails(e, h1_ip) == [0, 1]
 
 
 def test_a_local_fault_needs_two_peers_down_and_fails_the_rail():
@@ -109,7 +143,7 @@ def test_a_down_path_whose_peer_then_falls_silent_stops_being_routed_around():
     cfg, e = engine(2)
     t = 1 * MS
     all_up(e, cfg, t)
-    for _ in range(4):
+    for _ in range(2 * cfg.probe.detect_multiplier):  # DOWN, then held for a detection time
         t += 10 * MS
         res(e, t, 1, "h1", False, elsewhere=True)
     h1_ip = str(cfg.peers[0].host_ip)
@@ -117,6 +151,7 @@ def test_a_down_path_whose_peer_then_falls_silent_stops_being_routed_around():
     t += 10 * MS
     res(e, t, 1, "h1", False, elsewhere=False)  # now h1 answers nowhere: a peer problem
     assert (1, "h1") not in {k for k, p in e.paths.items() if e._path_counts(p)}
+    assert route_rails(e, h1_ip) == [0, 1]
 
 
 def test_one_peer_per_rail_the_ends_cannot_be_told_apart_and_the_rail_fails():

@@ -33,7 +33,7 @@ def test_one_dead_peer_is_a_peer_problem_not_a_rail_problem():
     for peer in ("h1", "h2"):
         assert probe(e, t, 0, peer, True) == []  # UNKNOWN -> UP changes nothing routed
     acts = []
-    for i in range(cfg.probe.detect_multiplier):
+    for i in range(2 * cfg.probe.detect_multiplier):  # DOWN, and held for one more detection time
         t += 10 * MS
         acts += probe(e, t, 0, "h1", False)
     assert e.paths[(0, "h1")].state.value == "DOWN"
