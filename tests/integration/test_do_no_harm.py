@@ -15,7 +15,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -132,14 +131,25 @@ def fabric_3x2(tmp_path):
     yield from _healthy_cluster(tmp_path, 2)
 
 
-def test_a_daemon_stopped_for_200_ms_five_times_changes_no_route_anywhere(fabric_3x2):
+def _silent_misses(c, i):
+    return c.status(i)["counters"].get("probes_peer_silent_misses", 0)
+
+
+def test_a_daemon_stopped_for_20_probe_intervals_five_times_changes_no_route_anywhere(fabric_3x2):
+    """Each stall lasts until both peers have counted 40 misses of the stopped daemon as silent
+    (2 paths each, 20 probe intervals: 200 ms at the default 10 ms), measured in the peers'
+    evidence rather than slept."""
     c = fabric_3x2
     before, routes = _totals(c), _kernel_routes(c)
     pid = c.procs[1].pid
     for _ in range(5):
+        start = {i: _silent_misses(c, i) for i in (0, 2)}
         os.kill(pid, signal.SIGSTOP)
-        time.sleep(0.2)  # the fault itself: a 200 ms stall (nothing is asserted on time)
-        os.kill(pid, signal.SIGCONT)
+        try:
+            wait_for(lambda: all(_silent_misses(c, i) - n >= 40 for i, n in start.items()), timeout=10,
+                     what="both peers see the stopped daemon silent for 20 probe intervals")
+        finally:
+            os.kill(pid, signal.SIGCONT)
         # every path answers again before the next stall
         wait_for(lambda: _all_paths_up(c, 4), timeout=10, what="every path UP after the stall")
     assert _harm(before, _totals(c)) == [{}, {}, {}]
