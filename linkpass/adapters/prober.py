@@ -457,8 +457,9 @@ class Prober:
 
     def _elsewhere(self, rail: int, peer: str, since_ns: int, now_ns: int | None = None) -> bool | None:
         """Whether ``peer`` answered (a reply or a proof) on another of our rails at or after
-        ``since_ns`` and within a gap (:meth:`_gap_ns`) before ``now_ns``, and has kept answering for BFD's detection time since its last peer-wide
-        silence; None when no other rail leads to it.
+        ``since_ns`` and within a gap (:meth:`_gap_ns`) before ``now_ns``, and has kept
+        answering for BFD's detection time since its last peer-wide silence; None when no other
+        rail leads to it.
 
         The second part matters when a stalled peer resumes: its rails come back one after the
         other within milliseconds, and a miss on the last one in that moment is the stall's,

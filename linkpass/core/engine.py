@@ -379,7 +379,6 @@ class Engine:
         if path is None:
             path = self.paths[key] = PathHealth(ev.rail, ev.peer, pc.detect_multiplier, pc.interval_ms * 1_000_000)
         changed = False
-        counted_before = {k for k, p in self.paths.items() if k[1] == ev.peer and self._path_counts(p)}
         t = path.on_result(ev.ok, now_ns, ev.rtt_ns, ev.since_ok_ns, ev.peer_elsewhere)
         if t:
             changed = t[0] == PathState.DOWN or t[1] == PathState.DOWN
@@ -390,12 +389,11 @@ class Engine:
                 self._record("path", now_ns, entry)
             else:  # UP <-> SUSPECT: hundreds a minute under ordinary loss; counted, not kept
                 self._count("path", entry)
-        # a DOWN path whose peer fell silent everywhere (or came back elsewhere) stops (starts)
-        # counting as this rail's problem: the routes and verdicts change although the state did not
-        if counted_before != {k for k, p in self.paths.items() if k[1] == ev.peer and self._path_counts(p)}:
-            changed = True
+        # the paths routes avoid change although no state did when a DOWN path's hold passes, or
+        # when its peer falls silent everywhere (or answers elsewhere again); the rails' verdicts
+        # are compared below
         if self._avoided_paths(now_ns) != self._plan_path_down:
-            changed = True  # a DOWN path's hold has passed (or it came back)
+            changed = True
         # every rail's verdict: one path's change can turn a peer into evidence for other rails
         for rid in sorted(self.rails):
             why = self._probe_verdict(rid, now_ns)
