@@ -97,6 +97,17 @@ def _finite_number(v):
 FiniteFloat = Annotated[float, BeforeValidator(_finite_number)]
 
 
+def _path_text(v):
+    """A file path option: a non-blank string (a path of spaces creates files named so)."""
+    if isinstance(v, str) and not v.strip():
+        raise ValueError(f"must be a path, got {_shown(v)}")
+    return v
+
+
+#: A path option (socket, file, directory): a string that is not empty or blank.
+PathText = Annotated[str, BeforeValidator(_path_text)]
+
+
 class _Strict(BaseModel):
     """Base of every section: unknown keys are errors (``extra="forbid"``), values are frozen.
 
@@ -129,7 +140,7 @@ class DaemonSection(_Strict):
         "torch hooks still get every notice, but no kernel route is changed (the hooks move the "
         "job's traffic by rebuilding its process group).",
     )
-    control_socket: str = Field(DEFAULT_CONTROL_SOCKET, min_length=1, description="Unix socket for `linkpass status`.")
+    control_socket: PathText = Field(DEFAULT_CONTROL_SOCKET, min_length=1, description="Unix socket for `linkpass status`.")
     route_protocol: StrictInt = Field(DEFAULT_ROUTE_PROTOCOL, ge=5, le=255, description="rtm_protocol tag of our routes.")
     route_table: StrictInt = Field(254, ge=1, le=2**31 - 1, description="Routing table for our routes (254 = main).")
     route_metric: StrictInt = Field(0, ge=0, le=2**32 - 1, description="Metric (priority) of our routes.")
@@ -244,7 +255,7 @@ class NcclSection(_Strict):
     health (``linkpass nccl-env``, ``linkpass exec``, and the file the daemon rewrites on every
     plan change).  See :mod:`linkpass.core.nccl_env` for what each variable is."""
 
-    env_file: str = Field(DEFAULT_NCCL_ENV_FILE, min_length=1, description="File the daemon rewrites (atomically) "
+    env_file: PathText = Field(DEFAULT_NCCL_ENV_FILE, min_length=1, description="File the daemon rewrites (atomically) "
                           "with the host-wide NCCL environment on every plan change (KEY=VALUE lines, usable as systemd "
                           "EnvironmentFile= and docker --env-file).")
     write_env_file: StrictBool = Field(True, description="Write env_file at all.")
@@ -278,9 +289,9 @@ class DeviceSection(_Strict):
     off with one log line; the daemon runs without it."""
 
     kmsg: StrictBool = Field(True, description="Follow the kernel log and classify it (linkpass.core.classify).")
-    kmsg_path: str = Field("/dev/kmsg", min_length=1, description="What to follow: /dev/kmsg, or a FIFO or a file that "
+    kmsg_path: PathText = Field("/dev/kmsg", min_length=1, description="What to follow: /dev/kmsg, or a FIFO or a file that "
                            "is appended to with kmsg-style records (prio,seq,usec,flags;message) or plain log lines.")
-    state_dir: str = Field("/var/lib/linkpass", min_length=1, description="Directory for the kmsg follower's last "
+    state_dir: PathText = Field("/var/lib/linkpass", min_length=1, description="Directory for the kmsg follower's last "
                            "sequence number (kmsg.state), so a restarted daemon resumes where it stopped; "
                            "unwritable = no resume (logged).")
     window_lines: StrictInt = Field(400, ge=10, le=100_000, description="Recent kernel-log lines kept so follow-on "
@@ -342,7 +353,7 @@ class MqttSection(_Strict):
     username: str | None = Field(None, max_length=256, description="Username for the broker (its password comes from password_file).")
     password_file: str | None = Field(None, description="File holding the broker password (first line); must not be "
                                       "readable by others.")
-    outbox_path: str = Field(DEFAULT_OUTBOX_PATH, min_length=1, description="sqlite file of the durable event outbox "
+    outbox_path: PathText = Field(DEFAULT_OUTBOX_PATH, min_length=1, description="sqlite file of the durable event outbox "
                              "(WAL mode); events wait here until the broker acknowledged them.")
     outbox_max_events: StrictInt = Field(100_000, ge=10, le=100_000_000, description="Most events kept in the outbox; "
                                          "when full, the oldest non-critical event is dropped first (counted).")

@@ -97,6 +97,22 @@ def _progress(p: Path) -> int:
         return 0
 
 
+def _wait_for_spare(port: int, spare) -> None:
+    """Until the spare has announced itself in the job's store (``Spare.__init__`` writes
+    ``linkpass/<job>/spares/<id>``): on a loaded machine its torch import can take longer than
+    the ranks' first third, and a fault before it is listed finds no spare."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    store = dist.TCPStore("127.0.0.1", port, is_master=False, wait_for_workers=False, timeout=timedelta(seconds=10))
+    deadline = time.monotonic() + 60
+    while not store.check(["linkpass/demo/spares/1"]):
+        assert time.monotonic() < deadline, "the spare never announced itself"
+        assert spare[0].poll() is None, f"the spare exited with {spare[0].returncode}"
+        time.sleep(0.01)
+
+
 def _run(tmp: Path, tag: str, steps: int, spare: bool, fault: bool):
     sock = str(tmp / f"{tag}.hooks.sock")
     fd = FakeDaemon(sock) if fault else None
@@ -112,6 +128,8 @@ def _run(tmp: Path, tag: str, steps: int, spare: bool, fault: bool):
                 assert time.monotonic() < deadline, "no progress"
                 assert procs[1][0].poll() is None, (tmp / f"{tag}-1.log").read_text()[-2000:]
                 time.sleep(0.01)
+            if spare:
+                _wait_for_spare(port, procs[2])
             t_fault = time.monotonic_ns()
             fd.fault(0)
         codes = [p.wait(90) for p, _, _ in procs]

@@ -597,3 +597,12 @@ def test_empty_control_socket_and_a_peer_with_our_own_host_ip_are_refused():
     with pytest.raises(ConfigError) as ei:
         parse_config(EXAMPLE.replace('"198.19.0.2"', '"198.19.0.1"', 1), "x.toml")
     assert "this host's own host_ip" in assert_one_line(ei.value, "x.toml", None)
+
+
+def test_a_blank_path_is_refused_in_one_line():
+    import re
+
+    with pytest.raises(ConfigError) as ei:
+        parse_config(re.sub(r'control_socket = "[^"]*"', 'control_socket = "   "', EXAMPLE, count=1), "x.toml")
+    s = assert_one_line(ei.value, "x.toml", None)
+    assert "control_socket" in s and "must be a path" in s
