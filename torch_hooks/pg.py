@@ -81,8 +81,13 @@ tests and the demo run the code NCCL takes.
 
 **Aborting gloo.**  ``ProcessGroupGloo.abort()`` does not unblock pending work in torch 2.13
 (tests/unit/test_torch_hooks_guard.py); :mod:`torch_hooks.sockets` shuts the group's TCP sockets
-down, which makes the pending work fail at once.  NCCL: ``ProcessGroupNCCL.abort()``
-(``ncclCommAbort``).  Not run on a GPU yet.
+down, which makes pending receives fail at once.  A collective blocked in gloo's ``waitSend``
+is not woken by either (seen here with gdb: ``gloo::transport::tcp::UnboundBuffer::waitSend``
+under ``gloo::ring``, in about one abort out of three in the tests); :meth:`rebuild` waits
+``abandon_s`` (default 2 s) for the old collectives to fail, then abandons the ones still
+blocked (they can write nothing more: nothing arrives on a dead socket) and leaks the old
+group, whose destructor would join the blocked thread.  That wait is the recovery time in that
+case.  NCCL: ``ProcessGroupNCCL.abort()`` (``ncclCommAbort``).  Not run on a GPU yet.
 
 **Not protected** (passed to the inner group, not re-issued; they fail on a fault like without
 linkpass): point-to-point (``send``/``recv``), ``reduce``, ``gather``, ``scatter``,
@@ -144,7 +149,7 @@ DEFAULT_ERROR_GRACE_S = 30.0
 #: Default cap on retained input copies when no step boundary is ever marked (bytes).
 DEFAULT_RETAIN_LIMIT_BYTES = 2 << 30
 #: Default for ``abandon_s`` (s): old collectives normally fail within milliseconds of the abort.
-DEFAULT_ABANDON_S = 3.0
+DEFAULT_ABANDON_S = 2.0
 
 
 class LatchedInterfaceError(RuntimeError):

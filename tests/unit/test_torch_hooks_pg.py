@@ -6,8 +6,10 @@ file run as a script) calls ``torch_hooks.pg.install()`` before it, or not (the 
 the fault runs attaches a test controller to every new group (``add_group_listener``) that aborts
 the inner group and rebuilds it on generation 1:
 
-* ``inop``: rank 0 aborts right after issuing its allreduce number ``--at`` (so it is in flight on
-  both ranks); rank 1 learns it when its own collective fails (fault listener);
+* ``inop``: rank 0 aborts right after issuing its allreduce number ``--at`` and asks rank 1
+  through the store; rank 1 holds back its own allreduce number ``--at`` until then (so rank 0's
+  is certainly in flight), and acts on the request or on its own collective failing (fault
+  listener), whichever comes first;
 * ``between``: rank 0 aborts at the end of optimizer step ``--at`` (test hook on torch.optim);
   its next step's allreduces queue until the rebuild.
 
@@ -102,12 +104,21 @@ def worker(argv: list[str]) -> int:
             if a.mode == "linkpass":
                 return
             once = threading.Lock()
+            # the peer request goes through the job's store, as the guard's does (a rank whose
+            # own collective is blocked in gloo's waitSend never sees an error to act on)
+            import datetime
+
+            import torch.distributed as dist
+
+            kv = dist.TCPStore("127.0.0.1", a.port, is_master=False, timeout=datetime.timedelta(seconds=60))
 
             def rebuild(why):
                 if not once.acquire(blocking=False):
                     return
                 report["trigger"] = why
                 g.abort()
+                if a.rank == 0:
+                    kv.set("test/rebuild-request", why)
 
                 def run():
                     try:
@@ -118,6 +129,15 @@ def worker(argv: list[str]) -> int:
                 threading.Thread(target=run, name="test-rebuild").start()
 
             g.add_fault_listener(lambda g_, e: rebuild(f"fault: {str(e).splitlines()[0][:120]}"))
+            if a.rank == 1:
+                def watch():
+                    try:
+                        kv.wait(["test/rebuild-request"])
+                    except Exception:  # noqa: BLE001 - the run ended first
+                        return
+                    rebuild("peer request in the store")
+
+                threading.Thread(target=watch, name="test-watch", daemon=True).start()
             if a.rank == 0 and a.mode == "inop":
                 n = [0]
 
@@ -128,6 +148,19 @@ def worker(argv: list[str]) -> int:
                             rebuild(f"abort after issuing allreduce seq {seq}")
 
                 g.add_issue_listener(on_issue)
+            if a.rank == 1 and a.mode == "inop":
+                # hold rank 1 back before its allreduce number --at until rank 0 has aborted, so
+                # rank 0's one is certainly in flight (it cannot complete without rank 1's data)
+                kv2 = dist.TCPStore("127.0.0.1", a.port, is_master=False, timeout=datetime.timedelta(seconds=60))
+                n1 = [0]
+
+                def hold(g_, seq, kind):
+                    if kind == "allreduce":
+                        n1[0] += 1
+                        if n1[0] == a.at - 1:
+                            kv2.wait(["test/rebuild-request"])
+
+                g.add_issue_listener(hold)
             if a.rank == 0 and a.mode == "between":
                 steps = [0]
 
@@ -212,10 +245,11 @@ def test_rebuild_mid_training_finishes_with_the_fault_free_weights(tmp_path, ref
         assert r["rebuild"]["generation"] == 1
     r0, r1 = out
     assert r0["trigger"].startswith("abort after")
-    assert r1["trigger"].startswith("fault:")
-    # rank 0's interrupted or queued allreduces ran again on generation 1
-    assert r0["rebuild"]["reissued"] >= 1, r0
+    assert r1["trigger"].startswith(("fault:", "peer request"))  # its collective failed, or the store said so first
     assert r0["rebuild"]["start_seq"] == r1["rebuild"]["start_seq"]
+    if mode == "inop":
+        # rank 0's allreduce was in flight (rank 1 had not issued it yet): it ran again on generation 1
+        assert r0["rebuild"]["reissued"] >= 1, r0
 
 
 # --------------------------------------------------------------------------- in-process: latched mode, mapping
