@@ -91,7 +91,7 @@ case.  NCCL: ``ProcessGroupNCCL.abort()`` (``ncclCommAbort``).  Not run on a GPU
 
 **Not protected** (passed to the inner group, not re-issued; they fail on a fault like without
 linkpass): point-to-point (``send``/``recv``), ``reduce``, ``gather``, ``scatter``,
-``alltoall``, the coalesced all-gather/reduce-scatter variants, and anything that gets the
+``alltoall``, and anything that gets the
 backend from ``_get_backend()`` and calls it directly (functional collectives, DTensor's
 dispatcher ops).  Each logs one line the first time.
 
@@ -118,6 +118,7 @@ read from Python; ``PrefixStore.underlying_store``; gloo's ``_allgather_base`` /
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import json
 import logging
@@ -251,6 +252,40 @@ class _Work(dist.Work):
         pass
 
 
+class _AllWork(dist.Work):
+    """Several protected collectives as one ``Work`` (the coalesced forms)."""
+
+    def __init__(self, works: list[_Work], result: list):
+        super().__init__()
+        self._works, self._result = works, result
+        self._future = torch.futures.collect_all([w.get_future() for w in works]).then(lambda f: self._value(f))
+
+    def _value(self, fut):
+        for f in fut.value():
+            f.value()  # raises the first error
+        return self._result
+
+    def wait(self, timeout: datetime.timedelta | None = None) -> bool:
+        for w in self._works:
+            w.wait(timeout)
+        return True
+
+    def get_future(self) -> torch.futures.Future:
+        return self._future
+
+    def is_completed(self) -> bool:
+        return all(w.is_completed() for w in self._works)
+
+    def is_success(self) -> bool:
+        return all(w.is_success() for w in self._works)
+
+    def result(self) -> list:
+        return list(self._result)
+
+    def synchronize(self) -> None:
+        pass
+
+
 class ResilientProcessGroup(dist.ProcessGroup):
     """A process group whose collectives survive the loss of the inner group's network path.
 
@@ -316,7 +351,9 @@ class ResilientProcessGroup(dist.ProcessGroup):
         self._fault_listeners: list[Callable] = []
         self._issue_listeners: list[Callable] = []
         self._grace_token = 0
-        self._waitq: queue.Queue | None = None
+        # generation -> the queue of its waiter thread, for works without a future; one per
+        # generation, so an old collective gloo leaves blocked (see _abandon) delays nothing new
+        self._waitqs: dict[int, queue.Queue] = {}
         self._stats = {"rebuilds": 0, "reissued": 0, "reissued_scratch": 0, "parked": 0, "aborts": 0}
         self.events: list[dict] = []
         if inner == "gloo" and os.environ.get("TORCH_GLOO_LAZY_INIT") == "1":
@@ -335,6 +372,22 @@ class ResilientProcessGroup(dist.ProcessGroup):
 
     def rank(self) -> int:
         return self._rank
+
+    # torch keeps a group's name and description in its C++ backends, which this Python group
+    # has none of (``ProcessGroup name not set``); DeviceMesh and FSDP2 read them from Python
+    def _set_group_name(self, name: str) -> None:
+        self._gname = str(name)
+
+    @property
+    def group_name(self) -> str:
+        return self._gname
+
+    def _set_group_desc(self, desc: str) -> None:
+        self._gdesc = str(desc)
+
+    @property
+    def group_desc(self) -> str:
+        return getattr(self, "_gdesc", "undefined")
 
     @property
     def _device_types(self) -> list[torch.device]:
@@ -357,19 +410,29 @@ class ResilientProcessGroup(dist.ProcessGroup):
         return self._inner
 
     def shutdown(self) -> None:
-        """Close the wrapper (``destroy_process_group``): cancel the grace timers, shut the inner
-        group down."""
+        """Close the wrapper (``destroy_process_group``, and at interpreter exit): cancel the
+        grace timers, shut the inner groups down and destroy them now.
+
+        Destroying them here, not at interpreter finalization, matters: their destructors join
+        gloo's worker threads, which may still be finishing a completion callback (Python code:
+        ours, then DDP's); a thread that needs the GIL once the interpreter is finalizing is
+        ended with ``pthread_exit`` through C++ frames and the process aborts ("terminate
+        called without an active exception", seen in the tests).  Leaked groups (see
+        :meth:`_abandon`) are left alone.  Idempotent."""
         with self._lock:
             self._state = _CLOSED
             self._grace_token += 1
-            inner = self._inner
-        if self._waitq is not None:
-            self._waitq.put(None)
+            inner, self._inner, self._fds = self._inner, None, []
+            old = [g for g in self._graveyard if not any(g is o for o in _LEAKED)]
+            self._graveyard = [g for g in self._graveyard if any(g is o for o in _LEAKED)]
+        for q in list(self._waitqs.values()):
+            q.put(None)
         try:
             if inner is not None and hasattr(inner, "shutdown"):
                 inner.shutdown()
         except Exception as e:  # noqa: BLE001 - closing anyway
             log.debug("inner shutdown: %s", e)
+        del inner, old  # the last references: the destructors run now (torch releases the GIL for them)
         _LIVE.discard(self)
 
     # ---------------------------------------------------------------- listeners, stats, steps
@@ -731,10 +794,13 @@ class ResilientProcessGroup(dist.ProcessGroup):
         except RuntimeError:
             fut = None  # gloo's _allgather_base/_reduce_scatter_base works have no future
         if fut is None:
-            if self._waitq is None:
-                self._waitq = queue.Queue()
-                threading.Thread(target=self._waiter, name="linkpass-pg-wait", daemon=True).start()
-            self._waitq.put((work, op, attempt, scratch))
+            q = self._waitqs.get(op.gen)
+            if q is None:
+                q = self._waitqs[op.gen] = queue.Queue()
+                for g in [g for g in self._waitqs if g < op.gen]:
+                    self._waitqs.pop(g).put(None)  # its thread ends once past what it waits for
+                threading.Thread(target=self._waiter, args=(q,), name=f"linkpass-pg-wait-gen{op.gen}", daemon=True).start()
+            q.put((work, op, attempt, scratch))
             return
 
         def cb(f, op=op, attempt=attempt, scratch=scratch):
@@ -747,8 +813,7 @@ class ResilientProcessGroup(dist.ProcessGroup):
 
         fut.add_done_callback(cb)
 
-    def _waiter(self) -> None:
-        q = self._waitq
+    def _waiter(self, q: queue.Queue) -> None:
         while True:
             item = q.get()
             if item is None:
@@ -965,14 +1030,15 @@ class ResilientProcessGroup(dist.ProcessGroup):
                                  opts if opts is not None else AllgatherOptions())
 
     def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
-        return self._unprotected("allgather_into_tensor_coalesced", outputs, inputs,
-                                 opts if opts is not None else AllgatherOptions())
+        """One protected ``all_gather_single`` per pair (gloo has no coalesced form; DTensor's
+        ``full_tensor()`` uses this)."""
+        return _AllWork([self.all_gather_single(o, i, opts) for o, i in zip(outputs, inputs)], list(outputs))
 
     all_gather_single_coalesced = allgather_into_tensor_coalesced
 
     def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
-        return self._unprotected("reduce_scatter_tensor_coalesced", outputs, inputs,
-                                 opts if opts is not None else dist.ReduceScatterOptions())
+        """One protected ``reduce_scatter_single`` per pair."""
+        return _AllWork([self.reduce_scatter_single(o, i, opts) for o, i in zip(outputs, inputs)], list(outputs))
 
     reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
 
@@ -1002,6 +1068,19 @@ def _leak(obj) -> None:
 _group_listeners: list[Callable[[ResilientProcessGroup], None]] = []
 _options: dict = {}
 _installed: dict = {}
+
+
+def _close_all() -> None:
+    """atexit: :meth:`ResilientProcessGroup.shutdown` every live wrapper while threads can still
+    take the GIL (a script that never calls ``destroy_process_group``)."""
+    for g in list(_LIVE):
+        try:
+            g.shutdown()
+        except Exception:  # noqa: BLE001,S110 - exiting anyway
+            pass
+
+
+atexit.register(_close_all)
 
 
 def groups() -> list[ResilientProcessGroup]:

@@ -6,10 +6,10 @@ file run as a script) calls ``torch_hooks.pg.install()`` before it, or not (the 
 the fault runs attaches a test controller to every new group (``add_group_listener``) that aborts
 the inner group and rebuilds it on generation 1:
 
-* ``inop``: rank 0 aborts right after issuing its allreduce number ``--at`` and asks rank 1
-  through the store; rank 1 holds back its own allreduce number ``--at`` until then (so rank 0's
-  is certainly in flight), and acts on the request or on its own collective failing (fault
-  listener), whichever comes first;
+* ``inop``: rank 0 aborts right after issuing its allreduce (DDP; FSDP2: collective) number
+  ``--at`` and asks rank 1 through the store; rank 1 holds back its own number ``--at`` until
+  then (so rank 0's is certainly in flight), and acts on the request or on its own collective
+  failing (fault listener), whichever comes first;
 * ``between``: rank 0 aborts at the end of optimizer step ``--at`` (test hook on torch.optim);
   its next step's allreduces queue until the rebuild.
 
@@ -69,6 +69,37 @@ def train(rank: int, world_size: int, init_method: str, steps: int) -> str:
     return h.hexdigest()
 
 
+def train_fsdp(rank: int, world_size: int, init_method: str, steps: int) -> str:
+    """A plain FSDP2 loop (``fully_shard`` per layer and at the root, AdamW): returns the sha256
+    of the final full parameters."""
+    import hashlib
+
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.distributed.fsdp import fully_shard
+
+    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world_size)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
+    for m in model:
+        if isinstance(m, torch.nn.Linear):
+            fully_shard(m)
+    fully_shard(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    g = torch.Generator().manual_seed(1000 + rank)
+    for _ in range(steps):
+        x, y = torch.randn(16, 32, generator=g), torch.randn(16, 8, generator=g)
+        opt.zero_grad()
+        F.mse_loss(model(x), y).backward()
+        opt.step()
+    h = hashlib.sha256()
+    for p in model.parameters():
+        h.update(p.full_tensor().detach().numpy().tobytes())
+    dist.destroy_process_group()
+    return h.hexdigest()
+
+
 # --------------------------------------------------------------------------- the worker
 
 
@@ -84,6 +115,7 @@ def worker(argv: list[str]) -> int:
     p.add_argument("--port", type=int)
     p.add_argument("--mode", choices=["plain", "linkpass", "inop", "between"])
     p.add_argument("--at", type=int, default=-1)
+    p.add_argument("--script", choices=["ddp", "fsdp"], default="ddp")
     p.add_argument("--out")
     a = p.parse_args(argv)
     import faulthandler
@@ -142,7 +174,7 @@ def worker(argv: list[str]) -> int:
                 n = [0]
 
                 def on_issue(g_, seq, kind):
-                    if kind == "allreduce":
+                    if a.script == "fsdp" or kind == "allreduce":
                         n[0] += 1
                         if n[0] == a.at:
                             rebuild(f"abort after issuing allreduce seq {seq}")
@@ -155,7 +187,7 @@ def worker(argv: list[str]) -> int:
                 n1 = [0]
 
                 def hold(g_, seq, kind):
-                    if kind == "allreduce":
+                    if a.script == "fsdp" or kind == "allreduce":
                         n1[0] += 1
                         if n1[0] == a.at - 1:
                             kv2.wait(["test/rebuild-request"])
@@ -174,7 +206,7 @@ def worker(argv: list[str]) -> int:
                 register_optimizer_step_post_hook(post)
 
         lp.add_group_listener(attach)
-    sha = train(a.rank, 2, f"tcp://127.0.0.1:{a.port}", STEPS)
+    sha = (train if a.script == "ddp" else train_fsdp)(a.rank, 2, f"tcp://127.0.0.1:{a.port}", STEPS)
     report["sha"] = sha
     if groups:
         g = groups[0]
@@ -194,16 +226,16 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _run(tmp: Path, mode: str, at: int = -1) -> list[dict]:
+def _run(tmp: Path, mode: str, at: int = -1, script: str = "ddp") -> list[dict]:
     port = _free_port()
     env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", PYTHONPATH=str(ROOT))
     env.pop("LINKPASS_LATCHED", None)
     procs, logs = [], []
     for r in range(2):
-        log = tmp / f"{mode}{at}-{r}.log"
+        log = tmp / f"{script}-{mode}{at}-{r}.log"
         logs.append(log)
         procs.append(subprocess.Popen([sys.executable, __file__, "--rank", str(r), "--port", str(port), "--mode", mode,
-                                       "--at", str(at), "--out", str(tmp / f"{mode}{at}-{r}.json")],
+                                       "--at", str(at), "--script", script, "--out", str(tmp / f"{script}-{mode}{at}-{r}.json")],
                                       stdout=log.open("w"), stderr=subprocess.STDOUT, env=env, cwd=ROOT))
     try:
         rcs = [p.wait(timeout=90) for p in procs]
@@ -215,14 +247,27 @@ def _run(tmp: Path, mode: str, at: int = -1) -> list[dict]:
     assert rcs == [0, 0], "\n".join(t[-3000:] for t in text)
     for t in text:
         assert "Traceback" not in t, t[-3000:]
-    return [json.loads((tmp / f"{mode}{at}-{r}.json").read_text()) for r in range(2)]
+    return [json.loads((tmp / f"{script}-{mode}{at}-{r}.json").read_text()) for r in range(2)]
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    out = _run(tmp_path_factory.mktemp("ref"), "plain")
-    assert out[0]["sha"] == out[1]["sha"]
-    return out[0]["sha"]
+def references(tmp_path_factory):
+    """script -> the sha of its fault-free run on plain gloo (computed once)."""
+    cache: dict[str, str] = {}
+
+    def get(script: str) -> str:
+        if script not in cache:
+            out = _run(tmp_path_factory.mktemp("ref"), "plain", script=script)
+            assert out[0]["sha"] == out[1]["sha"]
+            cache[script] = out[0]["sha"]
+        return cache[script]
+
+    return get
+
+
+@pytest.fixture
+def reference(references):
+    return references("ddp")
 
 
 def test_unmodified_ddp_loop_under_install_matches_plain_gloo_bitwise(tmp_path, reference):
@@ -250,6 +295,19 @@ def test_rebuild_mid_training_finishes_with_the_fault_free_weights(tmp_path, ref
     if mode == "inop":
         # rank 0's allreduce was in flight (rank 1 had not issued it yet): it ran again on generation 1
         assert r0["rebuild"]["reissued"] >= 1, r0
+
+
+def test_unmodified_fsdp2_loop_survives_a_rebuild_inside_a_collective(tmp_path, references):
+    """FSDP2 (all_gather_single / reduce_scatter_single on gloo): fault-free under install() it
+    matches plain gloo bitwise, and with rank 0 aborting right after issuing its collective
+    number 41 (a reduce-scatter of step 5's backward) it still does."""
+    ref = references("fsdp")
+    assert [r["sha"] for r in _run(tmp_path, "linkpass", script="fsdp")] == [ref, ref]
+    out = _run(tmp_path, "inop", 41, script="fsdp")
+    assert [r["sha"] for r in out] == [ref, ref], out
+    for r in out:
+        assert "rebuild_error" not in r and r["stats"]["generation"] == 1, r
+    assert out[0]["rebuild"]["reissued"] >= 1
 
 
 # --------------------------------------------------------------------------- in-process: latched mode, mapping
