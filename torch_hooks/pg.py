@@ -344,6 +344,7 @@ class ResilientProcessGroup(dist.ProcessGroup):
         self._ops: dict[int, _Op] = {}
         self._bytes = 0                        # bytes of the input copies the ops in _ops hold
         self._gave_up = False                  # aborted, and no rebuild within the grace: fail new work
+        self._no_park = False                  # a grace passed with no rebuild: errors go to the caller at once
         self._next_seq = 0
         self._epoch = 0
         self._dropped_upto = -1                # highest seq whose copy the byte cap dropped
@@ -584,7 +585,7 @@ class ResilientProcessGroup(dist.ProcessGroup):
             if self._state == _CLOSED:
                 raise RebuildError("the group is closed")
             self._state = _REBUILDING
-            self._gave_up = False
+            self._gave_up = self._no_park = False
             self._grace_token += 1  # no grace expiry during a rebuild
             inner, fds, self._inner, self._fds = self._inner, self._fds, None, []
             if inner is not None:
@@ -717,6 +718,7 @@ class ResilientProcessGroup(dist.ProcessGroup):
         n = self.fail_parked(RuntimeError(
             f"linkpass: the inner group of {self._gname or '?'} failed and no rebuild followed within {self.error_grace_s} s"))
         with self._lock:
+            self._no_park = True  # until a rebuild: nobody is rebuilding, so do not make every error wait
             if self._state == _BROKEN and self._inner is not None:
                 self._state = _READY  # an error nobody rebuilt for: the group runs on, as torch's would
             elif self._state == _BROKEN:
@@ -852,7 +854,7 @@ class ResilientProcessGroup(dist.ProcessGroup):
             else:
                 op.state, op.error = "failed", err
                 if self._state == _READY and op.gen == self._gen:
-                    if self._fault_listeners:
+                    if self._fault_listeners and not self._no_park:
                         self._state = _BROKEN
                         notify = True
                     else:

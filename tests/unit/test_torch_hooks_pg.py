@@ -383,6 +383,59 @@ def test_an_aborted_group_never_rebuilt_fails_its_work_after_the_grace(solo_grou
         g.allreduce([torch.ones(2)]).wait()
 
 
+class _FailingInner:
+    """Stands in for an inner group whose collectives fail (a dead link)."""
+
+    def __init__(self):
+        self.aborted = False
+
+    def allreduce(self, tensors, opts):
+        import torch
+
+        class W:
+            def __init__(self):
+                self.f = torch.futures.Future()
+                self.f.set_exception(RuntimeError("Connection closed by peer [198.18.1.2]:4242"))
+
+            def get_future(self):
+                return self.f
+
+        return W()
+
+    def abort(self):
+        self.aborted = True
+
+
+def test_without_a_fault_listener_an_inner_error_reaches_the_caller_at_once(solo_group):
+    import torch
+
+    g = solo_group()
+    g._inner = _FailingInner()  # test-only: the inner group's link is dead
+    with pytest.raises(RuntimeError, match="Connection closed by peer"):
+        g.allreduce([torch.ones(2)]).wait()
+
+
+def test_with_a_fault_listener_the_failed_collective_waits_for_the_rebuild_and_completes(solo_group):
+    import threading
+
+    import torch
+
+    g = solo_group()
+    told = threading.Event()
+    g.add_fault_listener(lambda g_, e: told.set())
+    dead = g._inner = _FailingInner()
+    t = torch.full((3,), 5.0)
+    w = g.allreduce([t])
+    assert told.is_set() and not w.is_completed()       # parked, the listener was told
+    w2 = g.allreduce([torch.ones(1)])                   # later work queues behind it
+    assert not w2.is_completed() and g.stats()["state"] == "broken"
+    res = g.rebuild(1)                                  # a real gloo group again
+    w.wait()
+    w2.wait()
+    assert dead.aborted and res["reissued"] == 2 and res["start_seq"] == 0
+    assert t.tolist() == [5.0] * 3                      # restored input, reduced again (one rank)
+
+
 @pytest.mark.parametrize("given, want, unprotected", [
     ("gloo", "linkpass_gloo", False),
     ("GLOO", "linkpass_gloo", False),
