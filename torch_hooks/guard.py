@@ -92,7 +92,6 @@ import datetime
 import json
 import logging
 import os
-import socket
 import sys
 import threading
 import time
@@ -103,9 +102,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from torch_hooks import agreement
 from torch_hooks import spare as sp
 from torch_hooks.client import DaemonClient
 from torch_hooks.protocol import Notice, Registration
+# the gloo socket shutdown lives in torch_hooks.sockets (shared with torch_hooks.pg); the old
+# names stay importable from here
+from torch_hooks.sockets import _shutdown_fds, _socket_fds, _tcp_fds  # noqa: F401
 
 log = logging.getLogger("linkpass.torch_hooks")
 
@@ -190,73 +193,6 @@ def _clone_od(x):
     out = type(x)((k, _clone(v)) for k, v in x.items())
     out._metadata = copy.deepcopy(x._metadata)  # nn.Module.state_dict() carries version metadata
     return out
-
-
-def _socket_fds() -> dict[int, str]:
-    """This process's open socket fds -> their ``socket:[inode]`` link text."""
-    out = {}
-    for name in os.listdir("/proc/self/fd"):
-        try:
-            link = os.readlink(f"/proc/self/fd/{name}")
-        except OSError:
-            continue
-        if link.startswith("socket:"):
-            out[int(name)] = link
-    return out
-
-
-def _tcp_fds(before: dict[int, str], after: dict[int, str], skip_ports: frozenset[int] = frozenset()
-             ) -> list[tuple[int, str]]:
-    """Connected TCP sockets that appeared between two snapshots (the group's connections).
-
-    Listening sockets are left out: gloo's listener thread treats a failed ``accept`` as fatal
-    (``gloo::EnforceNotMet`` in transport/tcp/listener.cc terminates the process).  So are
-    sockets with a local or remote port in ``skip_ports`` (the job's TCPStore port): when this
-    process hosts the store, its server thread accepts other processes' store connections at
-    any time, also while a group is being built, and shutting one of those down when the group
-    is aborted cut a spare's store connection in the middle of a migration ("Failed to recv,
-    got 0 bytes", 2 demo runs in 16 under load).
-    """
-    out = []
-    for fd, link in after.items():
-        if before.get(fd) == link:
-            continue
-        try:
-            s = socket.socket(fileno=fd)
-        except OSError:
-            continue
-        try:
-            if (s.family in (socket.AF_INET, socket.AF_INET6) and s.type == socket.SOCK_STREAM
-                    and not s.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)):
-                peer = s.getpeername()  # raises when not connected
-                if peer[1] in skip_ports or s.getsockname()[1] in skip_ports:
-                    continue
-                out.append((fd, link))
-        except OSError:
-            pass
-        finally:
-            s.detach()  # never close gloo's fd
-    return out
-
-
-def _shutdown_fds(fds: Sequence[tuple[int, str]]) -> int:
-    """shutdown(SHUT_RDWR) each fd still holding the same socket; returns how many."""
-    n = 0
-    for fd, link in fds:
-        try:
-            if os.readlink(f"/proc/self/fd/{fd}") != link:
-                continue  # closed (and maybe reused) since: not ours any more
-            s = socket.socket(fileno=fd)
-        except OSError:
-            continue
-        try:
-            s.shutdown(socket.SHUT_RDWR)
-            n += 1
-        except OSError:
-            pass
-        finally:
-            s.detach()
-    return n
 
 
 class LinkPassGuard:
@@ -688,20 +624,17 @@ class LinkPassGuard:
         except Exception as ex:
             raise RebuildFailed(f"not every rank joined rebuild epoch {e} within {self.rebuild_timeout_s} s: {ex}") from None
         t_agree = time.monotonic_ns()
-        failed = [p["failed"] for p in props if p.get("failed")]
-        if failed:
-            raise RebuildFailed(f"rebuild epoch {e} cannot complete: {failed[0]}")
-        steps = [p["step"] for p in props if p.get("step") is not None]  # a joining spare has none
-        if not steps:
-            raise RebuildFailed(f"no rank of rebuild epoch {e} has a step to resume from")
-        resume = min(steps)
-        common = set(self.rails)
-        for p in props:
-            common &= set(p["usable"])
-        order = [r for r in self.rails if r in common]
-        if not order:
-            self._unmovable(f"{reason}; no rail is usable by every rank (proposals {props})")
-        new_rail = rail_from if rail_from in order and keep_rail else order[0]
+        try:
+            d = agreement.decide({r: agreement.Proposal.from_mapping(p) for r, p in enumerate(props)}, list(self.rails),
+                                 rail_from, keep_current=keep_rail)
+        except ValueError as ex:
+            raise RebuildFailed(f"rebuild epoch {e}: a bad proposal in the store: {ex}") from None
+        if d.outcome == "no_rail":
+            self._unmovable(f"{reason}; {d.reason} (proposals {props})")
+        if not d.ok:
+            raise RebuildFailed(f"rebuild epoch {e} cannot complete: {d.reason}")
+        log.info("rank %d: rebuild epoch %d agreed: %s", self.rank, e, d.reason)
+        resume, new_rail = d.resume_step, d.rail
         try:
             self.configure(e, new_rail)
         except Exception as ex:

@@ -139,9 +139,22 @@ HOOKS_CLIENT_FORBIDDEN = {"asyncio", "pyroute2", "torch", "pynvml", "pyverbs", "
 
 
 @pytest.mark.parametrize("rel,forbidden", [("client.py", HOOKS_CLIENT_FORBIDDEN),
-                                           ("protocol.py", HOOKS_CLIENT_FORBIDDEN | {"socket", "time", "os", "threading"})])
+                                           ("protocol.py", HOOKS_CLIENT_FORBIDDEN | {"socket", "time", "os", "threading"}),
+                                           # the rebuild decision is pure (DESIGN.md: torch_hooks/agreement.py)
+                                           ("agreement.py", HOOKS_CLIENT_FORBIDDEN | {"socket", "time", "os", "threading",
+                                                                                      "torch_hooks"}),
+                                           ("sockets.py", HOOKS_CLIENT_FORBIDDEN | {"torch_hooks"})])
 def test_torch_hooks_client_parts_import_no_torch(rel, forbidden):
     src = (TOPOLOGY.parent / "torch_hooks" / rel).read_text(encoding="utf-8")
     bad = [f"{rel}:{line}: imports {mod}" for line, mod in imported_modules(ast.parse(src, rel))
            for f in forbidden if mod == f or mod.startswith(f + ".")]
+    assert bad == []
+
+
+@pytest.mark.parametrize("rel", ["pg.py", "guard.py", "spare.py"])
+def test_torch_hooks_torch_parts_do_not_reach_into_the_daemon(rel):
+    """The in-process parts (they import torch) talk to the daemon only through client/protocol."""
+    src = (TOPOLOGY.parent / "torch_hooks" / rel).read_text(encoding="utf-8")
+    bad = [f"{rel}:{line}: imports {mod}" for line, mod in imported_modules(ast.parse(src, rel))
+           for f in ("linkpass", "asyncio", "pyroute2", "aiomqtt") if mod == f or mod.startswith(f + ".")]
     assert bad == []
