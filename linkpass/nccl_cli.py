@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 from linkpass.core.nccl_env import (
@@ -178,7 +179,52 @@ def build(args, prog: str, local_rank: int | None) -> NcclEnv:
     except NcclEnvError as e:
         raise _BadInput(str(e)) from None
     env.source_warnings = list(topo.warnings)
+    env.health = health
+    env.config = cfg
     return env
+
+
+def hook_env(env: NcclEnv, environ: Mapping[str, str], socket_path: str | None) -> dict[str, str]:
+    """The variables that start the torch hook in the workers (torch_hooks/bootstrap.py).
+
+    ``PYTHONPATH`` gets ``torch_hooks/_site`` (its ``sitecustomize`` starts the hook) and the
+    directory holding ``torch_hooks`` in front; ``LINKPASS_RAIL_IFACES`` (rail=netdev, usable
+    rails first, in rail order) comes from the daemon's status, else the config's ``[[rails]]``;
+    ``LINKPASS_HOOKS_SOCKET`` and ``LINKPASS_HOST`` from the config; ``GLOO_SOCKET_IFNAME`` is
+    set to the first usable rail's netdev when the environment does not set it (the rail the
+    job starts on, so a fault on it is one the hook can see).  Variables already set in
+    ``environ`` are kept, except ``PYTHONPATH``, which is prepended to.
+    """
+    import torch_hooks
+    from linkpass.adapters.hook_server import default_socket_path
+
+    pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(torch_hooks.__file__)))
+    site = os.path.join(pkg_root, "torch_hooks", "_site")
+    out: dict[str, str] = {}
+    old = environ.get("PYTHONPATH", "")
+    out["PYTHONPATH"] = os.pathsep.join([site, pkg_root] + ([old] if old else []))
+    health, cfg = getattr(env, "health", None), getattr(env, "config", None)
+    if health is not None and health.rails:
+        rails = sorted(health.rails, key=lambda r: (not r.usable, r.id))
+        pairs = [(r.id, r.netdev) for r in rails]
+        first_usable = next((r.netdev for r in rails if r.usable), None)
+    elif cfg is not None and cfg.rails:
+        pairs = [(r.id, r.netdev) for r in sorted(cfg.rails, key=lambda r: r.id)]
+        first_usable = pairs[0][1]
+    else:
+        pairs, first_usable = [], None
+    if pairs and not environ.get("LINKPASS_RAIL_IFACES"):
+        out["LINKPASS_RAIL_IFACES"] = ",".join(f"{i}={d}" for i, d in pairs)
+    if first_usable and not environ.get("GLOO_SOCKET_IFNAME"):
+        out["GLOO_SOCKET_IFNAME"] = first_usable
+    if not environ.get("LINKPASS_HOOKS_SOCKET"):
+        if cfg is not None:
+            out["LINKPASS_HOOKS_SOCKET"] = cfg.hooks.socket or default_socket_path(cfg.daemon.control_socket)
+        elif socket_path:
+            out["LINKPASS_HOOKS_SOCKET"] = default_socket_path(socket_path)
+    if cfg is not None and cfg.daemon.host and not environ.get("LINKPASS_HOST"):
+        out["LINKPASS_HOST"] = cfg.daemon.host
+    return out
 
 
 def _report(env: NcclEnv, prog: str) -> None:
@@ -238,6 +284,12 @@ def cmd_exec(args) -> int:
         new[k] = v
     if env.generation is not None:
         new["LINKPASS_NCCL_GENERATION"] = str(env.generation)
+    if os.environ.get("LINKPASS_HOOK", "1").strip() != "0":
+        new.update(hook_env(env, os.environ, args.socket))
+        if args.spares:
+            new["LINKPASS_SPARES"] = str(args.spares)
+        if args.latched:
+            new["LINKPASS_LATCHED"] = "1"
     sys.stdout.flush()
     sys.stderr.flush()
     try:
@@ -283,6 +335,11 @@ def register(subparsers) -> None:
 
     e = subparsers.add_parser("exec", help="run a command with the NCCL environment added (for torchrun and other launchers)")
     e.add_argument("--local-rank", type=_nonneg, metavar="N", help="local rank (default: LOCAL_RANK from the environment)")
+    e.add_argument("--spares", type=_nonneg, default=0, metavar="N",
+                   help="warm spare processes per worker: copies of the worker, torch imported, no NCCL yet, that take "
+                   "over a rank whose GPU failed or whose rail its latched NCCL cannot leave")
+    e.add_argument("--latched", action="store_true",
+                   help="gloo behaves as NCCL does: no in-process rail change, a spare takes the rank (for tests and demos)")
     _common(e)
     e.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ARGS", help="the command and its arguments")
     e.set_defaults(func=cmd_exec, gpu=None)

@@ -1,0 +1,126 @@
+"""Start the hook inside an unmodified training process (what ``linkpass exec`` injects).
+
+``linkpass exec`` puts ``torch_hooks/_site`` first on ``PYTHONPATH``; Python imports its
+``sitecustomize`` at start-up (``site`` module: "an attempt is made to import a module named
+sitecustomize"), which chains to any other ``sitecustomize`` on the path and, in a process that
+has ``RANK`` and ``WORLD_SIZE`` (a worker of torchrun or of any launcher that sets them) and
+unless ``LINKPASS_HOOK=0``, calls :func:`start` before the script's first line runs.
+
+:func:`start`:
+
+1. :func:`torch_hooks.tracker.install`: learn the model, optimizer, step and data position;
+2. :func:`torch_hooks.pg.install`: every group from ``init_process_group`` / ``new_group`` is a
+   :class:`~torch_hooks.pg.ResilientProcessGroup` (``LINKPASS_LATCHED=1``: the gloo wrapper
+   refuses in-process interface changes, as NCCL does);
+3. a :class:`torch_hooks.controller.Controller` takes every wrapper as it is created and acts on
+   daemon notices and collective errors;
+4. with ``LINKPASS_REPORT=FILE`` (``{rank}`` is replaced), a JSON report is written at exit:
+   ``rank``, ``host``, ``steps``, ``step_ms``, ``max_step_stall_ms``, ``weights_sha256``,
+   ``protected_modules``, ``rebuilds`` (the controller's events), ``groups`` (each wrapper's
+   :meth:`~torch_hooks.pg.ResilientProcessGroup.stats`), ``position``, ``unprotected``.
+
+Nothing here may break the script: a failure to start is one line on stderr and the script runs
+as it would without linkpass.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import os
+import sys
+
+log = logging.getLogger("linkpass.torch_hooks.bootstrap")
+
+_state: dict = {}
+
+
+def _say(msg: str) -> None:
+    print(f"linkpass: {msg}", file=sys.stderr, flush=True)
+
+
+def start() -> bool:
+    """Install the hook in this process (idempotent).  Returns True when installed."""
+    if _state:
+        return True
+    if os.environ.get("LINKPASS_HOOK", "1").strip() == "0":
+        return False
+    from torch_hooks import pg, tracker
+    from torch_hooks.controller import Controller, Settings
+
+    try:
+        settings = Settings()
+    except ValueError as e:
+        _say(f"hook not started: {e}; the script runs unprotected")
+        return False
+    t = tracker.install()
+    latched = os.environ.get("LINKPASS_LATCHED", "").strip() == "1" or None
+    if not pg.install(latched=latched):
+        return False
+    ctl = Controller(settings, t)
+    _state.update(settings=settings, tracker=t, controller=ctl)
+    pg.add_group_listener(ctl.attach)
+    t.add_step_listener(_first_step_checks)
+    atexit.register(_at_exit)
+    log.info("linkpass hook installed in rank %s (job %s, rails %s)", settings.rank, settings.job, settings.rails or "unknown")
+    return True
+
+
+def _first_step_checks(steps: int) -> None:
+    if steps != 1:
+        return
+    t, ctl = _state["tracker"], _state["controller"]
+    if not t.modules:
+        _say("no DistributedDataParallel or fully_shard module seen before the first optimizer step: nothing to hand "
+             "over to a spare on a device fault (rail faults are still handled)")
+    if not t.position()["known"]:
+        _say("data position unknown: the script does not iterate a DataLoader over a DistributedSampler; a spare "
+             "cannot resume at the interrupted batch unless the script calls "
+             "torch_hooks.tracker.set_position(epoch, batch) each step")
+    if not ctl.groups:
+        _say("no protected process group (a backend linkpass does not wrap?): faults are not handled")
+
+
+def report() -> dict:
+    """This process's report (see the module docstring)."""
+    from torch_hooks import pg
+
+    t, ctl, s = _state["tracker"], _state["controller"], _state["settings"]
+    ms = t.step_ms
+    return {
+        "rank": s.rank, "host": s.host, "job": s.job, "steps": t.steps,
+        "step_ms": [round(x, 3) for x in ms],
+        "max_step_stall_ms": round(max(ms), 3) if ms else None,
+        "median_step_ms": round(sorted(ms)[len(ms) // 2], 3) if ms else None,
+        "weights_sha256": t.weights_sha256(),
+        "protected_modules": t.describe_modules(),
+        "rebuilds": ctl.events,
+        "epoch": ctl.epoch, "rail": ctl.rail,
+        "groups": [g.stats() for g in ctl.groups],
+        "position": t.position(),
+        "unprotected": sorted(pg._unprotected_notes) if hasattr(pg, "_unprotected_notes") else [],
+    }
+
+
+def _at_exit() -> None:
+    write_report()
+    ctl = _state.get("controller")
+    if ctl is not None:
+        ctl.close()
+
+
+def write_report() -> None:
+    """Write :func:`report` to ``LINKPASS_REPORT`` (``{rank}`` replaced), if set."""
+    path = os.environ.get("LINKPASS_REPORT")
+    if not path or not _state:
+        return
+    path = path.replace("{rank}", str(_state["settings"].rank))
+    try:
+        data = json.dumps(report())
+        tmp = f"{path}.tmp{os.getpid()}"
+        with open(tmp, "w") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except Exception as e:  # noqa: BLE001 - exiting anyway
+        _say(f"report not written to {path}: {e}")

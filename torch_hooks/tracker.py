@@ -1,0 +1,300 @@
+"""What the hook learns about an unmodified training script, without its help.
+
+:func:`install` (called by :mod:`torch_hooks.bootstrap` before the script runs) patches a few
+public torch entry points so the hook knows, at every optimizer step:
+
+* the **modules it protects**: every module wrapped by ``DistributedDataParallel`` (its
+  ``.module``) and every root module given to FSDP2's ``fully_shard`` (one that is not inside
+  another sharded module);
+* the **optimizers** and the **step**: ``torch.optim.Optimizer`` step post-hooks
+  (``register_optimizer_step_post_hook``, a global hook for every optimizer); the step is the
+  number of ``step()`` calls of the first optimizer that stepped (the one a script with several
+  optimizers steps every iteration, as a rule);
+* the **data position**: the epoch from ``DistributedSampler.set_epoch`` and the batches each
+  ``DataLoader`` iterator has yielded in the current epoch (a wrapper around the iterator that
+  ``DataLoader.__iter__`` returns).  A script that feeds batches from its own iterator has no
+  known position: :attr:`Tracker.position_known` says so and :func:`set_position` is the
+  one-line API for it (``torch_hooks.tracker.set_position(epoch, batch)``);
+* LR schedulers (``torch.optim.lr_scheduler.LRScheduler.__init__``), for state hand-over.
+
+Strong references are kept to what it learns (modules, optimizers, schedulers) so the final
+report can hash the parameters after the script dropped its own references; they live as long
+as the process does anyway.
+
+Shapes and units: steps and batches are counts (ints from 0); times are ``time.monotonic_ns()``
+nanoseconds; ``step_ms`` are milliseconds between consecutive optimizer steps.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+log = logging.getLogger("linkpass.torch_hooks.tracker")
+
+#: the most step durations kept for the report (the oldest are dropped beyond it)
+MAX_STEP_TIMES = 200_000
+
+
+class Tracker:
+    """The script's model, optimizer, step and data position, as torch's hooks show them."""
+
+    def __init__(self) -> None:
+        self.modules: list[Any] = []          # DDP .module / FSDP2 roots, in wrap order
+        self.module_kinds: list[str] = []     # "ddp" / "fsdp2", same order
+        self.optimizers: list[Any] = []
+        self.schedulers: list[Any] = []
+        self.samplers: list[Any] = []
+        self.steps = 0
+        self.epoch: int | None = None
+        self.batch = 0                        # batches yielded by the current epoch's loader iterator
+        self.position_known = False
+        self.position_api = False             # set_position() was used
+        self.step_ms: list[float] = []
+        self.step_end_ns: list[int] = []
+        self.last_step_ns: int | None = None
+        self.start_ns = time.monotonic_ns()
+        self._primary: int | None = None      # id() of the optimizer whose steps are counted
+        self._step_listeners: list[Callable[[int], None]] = []
+        self._batch_listeners: list[Callable[[Any, int], Any]] = []
+        self._lock = threading.Lock()
+        self._progress = os.environ.get("LINKPASS_PROGRESS") or None
+
+    # ---------------------------------------------------------------- listeners
+
+    def add_step_listener(self, fn: Callable[[int], None]) -> None:
+        """``fn(steps)`` after every counted optimizer step (on the training thread)."""
+        self._step_listeners.append(fn)
+
+    def add_batch_listener(self, fn: Callable[[Any, int], Any]) -> None:
+        """``fn(batch, index)`` for every batch a tracked DataLoader iterator yields, before the
+        script sees it; it returns the batch (possibly another one)."""
+        self._batch_listeners.append(fn)
+
+    # ---------------------------------------------------------------- what the patches call
+
+    def on_module(self, module: Any, kind: str) -> None:
+        with self._lock:
+            if any(m is module for m in self.modules):
+                return
+            if kind == "fsdp2":
+                # a parent sharded after its children replaces them as the root
+                keep = [(m, k) for m, k in zip(self.modules, self.module_kinds)
+                        if not (k == "fsdp2" and _is_submodule(m, module))]
+                if any(k == "fsdp2" and _is_submodule(module, m) for m, k in keep):
+                    return
+                self.modules = [m for m, _ in keep]
+                self.module_kinds = [k for _, k in keep]
+            self.modules.append(module)
+            self.module_kinds.append(kind)
+
+    def on_step(self, opt: Any) -> None:
+        with self._lock:
+            if not any(o is opt for o in self.optimizers):
+                self.optimizers.append(opt)
+            if self._primary is None:
+                self._primary = id(opt)
+            if id(opt) != self._primary:
+                return
+            self.steps += 1
+            now = time.monotonic_ns()
+            if self.last_step_ns is not None and len(self.step_ms) < MAX_STEP_TIMES:
+                self.step_ms.append((now - self.last_step_ns) / 1e6)
+                self.step_end_ns.append(now)
+            self.last_step_ns = now
+            steps = self.steps
+        if self._progress:
+            try:
+                with open(self._progress, "w") as f:
+                    f.write(str(steps))
+            except OSError:
+                self._progress = None
+        for fn in self._step_listeners:
+            try:
+                fn(steps)
+            except Exception:  # noqa: BLE001 - a listener never breaks training
+                log.exception("step listener failed")
+
+    def on_epoch(self, sampler: Any, epoch: int) -> None:
+        with self._lock:
+            if not any(s is sampler for s in self.samplers):
+                self.samplers.append(sampler)
+            self.epoch = int(epoch)
+
+    def on_batch(self, batch: Any, index: int) -> Any:
+        with self._lock:
+            self.batch = index + 1
+            self.position_known = True
+        for fn in self._batch_listeners:
+            batch = fn(batch, index)
+        return batch
+
+    # ---------------------------------------------------------------- reports
+
+    def position(self) -> dict:
+        """``{"steps", "epoch", "batch", "known"}``: where the script is (after ``steps``
+        optimizer steps, in ``epoch``, ``batch`` batches into it)."""
+        with self._lock:
+            return {"steps": self.steps, "epoch": self.epoch, "batch": self.batch,
+                    "known": self.position_known or self.position_api}
+
+    def describe_modules(self) -> list[dict]:
+        """One entry per protected module: ``{"kind", "class", "parameters", "numel"}``."""
+        out = []
+        for m, k in zip(self.modules, self.module_kinds):
+            ps = list(m.parameters())
+            out.append({"kind": k, "class": type(m).__name__, "parameters": len(ps),
+                        "numel": int(sum(_local(p).numel() for p in ps))})
+        return out
+
+    def weights_sha256(self) -> str | None:
+        """sha256 over every protected module's parameters in ``named_parameters`` order, this
+        rank's local part for sharded (DTensor) ones: bitwise, so two runs match only when every
+        bit does.  None when no module is protected."""
+        if not self.modules:
+            return None
+        h = hashlib.sha256()
+        for m in self.modules:
+            for name, p in m.named_parameters():
+                t = _local(p).detach()
+                h.update(name.encode())
+                h.update(t.cpu().contiguous().view(-1).view(dtype=_byte_dtype()).numpy().tobytes())
+        return h.hexdigest()
+
+
+def _byte_dtype():
+    import torch
+
+    return torch.uint8
+
+
+def _local(p: Any) -> Any:
+    to_local = getattr(p, "to_local", None)
+    return to_local() if callable(to_local) else p
+
+
+def _is_submodule(child: Any, parent: Any) -> bool:
+    return child is not parent and any(m is child for m in parent.modules())
+
+
+_tracker: Tracker | None = None
+_patched: dict = {}
+
+
+def tracker() -> Tracker:
+    """The process's tracker (created on first use)."""
+    global _tracker
+    if _tracker is None:
+        _tracker = Tracker()
+    return _tracker
+
+
+def set_position(epoch: int, batch: int) -> None:
+    """Tell the hook where a script that feeds its own batches is: ``batch`` batches done in
+    ``epoch``.  Call it once per step, before the forward pass."""
+    t = tracker()
+    with t._lock:
+        t.epoch, t.batch, t.position_api = int(epoch), int(batch), True
+
+
+class _CountingIter:
+    """The iterator a tracked DataLoader returns: counts the batches it yields."""
+
+    def __init__(self, it, t: Tracker):
+        self._it, self._t, self._n = it, t, 0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        b = next(self._it)
+        i, self._n = self._n, self._n + 1
+        return self._t.on_batch(b, i)
+
+    def __len__(self):
+        return len(self._it)
+
+    def __getattr__(self, name):
+        return getattr(self._it, name)
+
+
+def install() -> Tracker:
+    """Patch DDP, fully_shard, DistributedSampler.set_epoch, DataLoader.__iter__, LRScheduler
+    and register the optimizer step post-hook.  Idempotent; returns the tracker."""
+    t = tracker()
+    if _patched:
+        return t
+    import torch
+    import torch.distributed.fsdp as fsdp_pkg
+    from torch.nn.parallel import DistributedDataParallel
+    from torch.optim.lr_scheduler import LRScheduler
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+    from torch.utils.data import DataLoader
+    from torch.utils.data.distributed import DistributedSampler
+
+    ddp_init = DistributedDataParallel.__init__
+
+    def ddp_init_tracked(self, module, *args, **kwargs):
+        ddp_init(self, module, *args, **kwargs)
+        t.on_module(module, "ddp")
+
+    DistributedDataParallel.__init__ = ddp_init_tracked
+
+    orig_fs = getattr(fsdp_pkg, "fully_shard", None)
+    if orig_fs is not None:
+        def fully_shard(module, *args, **kwargs):
+            out = orig_fs(module, *args, **kwargs)
+            for m in (module if isinstance(module, (list, tuple)) else [module]):
+                t.on_module(m, "fsdp2")
+            return out
+
+        for attr in ("__doc__", "__name__", "__qualname__", "__module__"):
+            try:
+                setattr(fully_shard, attr, getattr(orig_fs, attr))
+            except (AttributeError, TypeError):
+                pass
+        for attr in ("state", "register_fsdp_forward_method"):
+            if hasattr(orig_fs, attr):
+                setattr(fully_shard, attr, getattr(orig_fs, attr))
+        fsdp_pkg.fully_shard = fully_shard
+        _patched["fully_shard"] = orig_fs
+
+    set_epoch = DistributedSampler.set_epoch
+
+    def set_epoch_tracked(self, epoch):
+        set_epoch(self, epoch)
+        t.on_epoch(self, epoch)
+
+    DistributedSampler.set_epoch = set_epoch_tracked
+
+    dl_iter = DataLoader.__iter__
+
+    def dl_iter_tracked(self):
+        it = dl_iter(self)
+        if isinstance(getattr(self, "sampler", None), DistributedSampler) or isinstance(
+                getattr(getattr(self, "batch_sampler", None), "sampler", None), DistributedSampler):
+            with t._lock:
+                t.batch = 0
+            return _CountingIter(it, t)
+        return it
+
+    DataLoader.__iter__ = dl_iter_tracked
+
+    sched_init = LRScheduler.__init__
+
+    def sched_init_tracked(self, *args, **kwargs):
+        sched_init(self, *args, **kwargs)
+        if not any(s is self for s in t.schedulers):
+            t.schedulers.append(self)
+
+    LRScheduler.__init__ = sched_init_tracked
+
+    _patched["step_hook"] = register_optimizer_step_post_hook(lambda opt, *_a, **_k: t.on_step(opt))
+    _patched.update(ddp=ddp_init, set_epoch=set_epoch, dl_iter=dl_iter, sched=sched_init)
+    del torch
+    return t
