@@ -4,6 +4,7 @@
     linkpass status [--config FILE | --socket PATH] [--json]
     linkpass fabric up|down|cut|heal|show  the emulated fabric (see linkpass.fabric)
     linkpass demo [--hosts 2] [--rails 2] [--steps N] [--json FILE]
+    linkpass demo --scenario rail|rail-latched|device-fault [--script FILE] [--script-args ARGS] [--hosts H] [--json FILE]
     linkpass topology [--sysfs-root DIR] [--from FILE ...] [--json] [--matrix]
     linkpass topology capture --out DIR
     linkpass nccl-env [--local-rank N | --gpu N] [--format shell|json|env-file]
@@ -226,10 +227,18 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--json", metavar="FILE", help="write the result as JSON")
     d.add_argument("--name", default="lpdemo", help="fabric name (default lpdemo)")
     d.add_argument("--mode", default="carrier-loss", help="cut mode: carrier-loss (default), admin-down or blackhole")
-    d.add_argument("--scenario", default="reroute", choices=["reroute", "rebuild", "device-fault"],
-                   help="reroute (default): kernel routes carry the job around the cut; rebuild: no route changes "
-                   "(reroute = notify-only), the torch hook rebuilds the job's process group on another rail; "
-                   "device-fault: an Xid 79 on one rank's GPU, a hot spare takes the rank over")
+    d.add_argument("--scenario", default="reroute",
+                   choices=["reroute", "rail", "rail-latched", "device-fault", "rebuild", "guard-device-fault"],
+                   help="reroute (default): kernel routes carry the job around the cut. With an unmodified --script "
+                   "under linkpass exec + torchrun and no route changes (reroute = notify-only): rail (the hook rebuilds "
+                   "the process groups on another rail), rail-latched (gloo latched as NCCL is: a warm spare takes the cut "
+                   "rank), device-fault (Xid 79 on one rank's GPU: a warm spare takes the rank). rebuild / "
+                   "guard-device-fault: the same with the explicit LinkPassGuard API (linkpass.demo_train)")
+    d.add_argument("--script", metavar="FILE", help="the training script for rail / rail-latched / device-fault "
+                   "(default examples/ddp_train.py); run unchanged, one worker per host")
+    d.add_argument("--script-args", metavar="ARGS", default=None,
+                   help="arguments for --script, one string (default for the example: %r)" % "--epochs 3 --samples 16384 "
+                   "--batch-size 32 --snapshot snapshot.pt")
     d.add_argument("--spares", type=int, default=1, help="hot spares per host (device-fault scenario, default 1)")
     d.add_argument("--fault-host", type=int, default=None,
                    help="host whose rank loses its GPU (device-fault scenario; default the last host; 0 works too: the "

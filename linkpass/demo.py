@@ -319,10 +319,17 @@ def main(args) -> int:
         if not parent.is_dir() or not os.access(parent, os.W_OK):
             raise DemoError(f"--json {args.json}: directory {parent} does not exist or is not writable", 2)
     scenario = getattr(args, "scenario", "reroute")
-    if scenario not in ("reroute", "rebuild", "device-fault"):
-        raise DemoError("--scenario must be reroute (kernel routes), rebuild (the torch hook rebuilds the process group) "
-                        "or device-fault (a hot spare takes a faulty GPU's rank over)", 2)
-    if scenario == "device-fault":
+    from linkpass import demo_script
+
+    if scenario not in ("reroute", "rebuild", "guard-device-fault") + demo_script.SCENARIOS:
+        raise DemoError("--scenario must be reroute (kernel routes), rail, rail-latched or device-fault (an unmodified "
+                        "--script under linkpass exec), or rebuild / guard-device-fault (the explicit LinkPassGuard API)", 2)
+    if scenario in demo_script.SCENARIOS:
+        demo = demo_script.ScriptDemo(getattr(args, "script", None) or str(demo_script.DEFAULT_SCRIPT),
+                                      getattr(args, "script_args", None) if getattr(args, "script_args", None) is not None
+                                      else (demo_script.DEFAULT_SCRIPT_ARGS if not getattr(args, "script", None) else ""),
+                                      scenario, args.hosts, args.rails, args.name, args.mode, spares=getattr(args, "spares", 1))
+    elif scenario == "guard-device-fault":
         demo = DeviceFaultDemo(args.hosts, args.rails, args.steps, args.name, args.mode, spares=getattr(args, "spares", 1),
                                fault_host=getattr(args, "fault_host", None))
     else:
@@ -353,7 +360,8 @@ def main(args) -> int:
             shutil.rmtree(demo.workdir, ignore_errors=True)
             if result is not None:
                 result["workdir"] = None
-    {"rebuild": _print_rebuild_summary, "device-fault": _print_device_fault_summary}.get(scenario, _print_summary)(result)
+    {"rebuild": _print_rebuild_summary, "guard-device-fault": _print_device_fault_summary,
+     **{s: demo_script.print_summary for s in demo_script.SCENARIOS}}.get(scenario, _print_summary)(result)
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
     return 0 if ok else 1

@@ -63,7 +63,8 @@ class Tracker:
         self._step_listeners: list[Callable[[int], None]] = []
         self._batch_listeners: list[Callable[[Any, int], Any]] = []
         self._lock = threading.Lock()
-        self._progress = os.environ.get("LINKPASS_PROGRESS") or None
+        prog = os.environ.get("LINKPASS_PROGRESS") or None
+        self._progress = prog.replace("{rank}", os.environ.get("RANK", "0")) if prog else None
 
     # ---------------------------------------------------------------- listeners
 
