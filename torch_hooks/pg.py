@@ -151,6 +151,9 @@ DEFAULT_ERROR_GRACE_S = 30.0
 DEFAULT_RETAIN_LIMIT_BYTES = 2 << 30
 #: Default for ``abandon_s`` (s): old collectives normally fail within milliseconds of the abort.
 DEFAULT_ABANDON_S = 2.0
+#: How long :meth:`ResilientProcessGroup.shutdown` waits, in all, for this group's own threads
+#: (waiters, grace timers) to end (s); they normally end within microseconds.
+SHUTDOWN_JOIN_S = 10.0
 
 
 class LatchedInterfaceError(RuntimeError):
@@ -355,12 +358,20 @@ class ResilientProcessGroup(dist.ProcessGroup):
         # generation -> the queue of its waiter thread, for works without a future; one per
         # generation, so an old collective gloo leaves blocked (see _abandon) delays nothing new
         self._waitqs: dict[int, queue.Queue] = {}
+        self._threads: list[threading.Thread] = []   # waiters and grace timers: shutdown joins them
+        self._stuck_gens: set[int] = set()            # generations with abandoned work (its waiter may never end)
         self._stats = {"rebuilds": 0, "reissued": 0, "reissued_scratch": 0, "parked": 0, "aborts": 0}
         self.events: list[dict] = []
         if inner == "gloo" and os.environ.get("TORCH_GLOO_LAZY_INIT") == "1":
             log.warning("linkpass: TORCH_GLOO_LAZY_INIT=1: gloo connects at the first collective, so abort() cannot find "
                         "and shut down the group's sockets; a fault then waits for the gloo timeout")
-        self._build(0, "linkpass/gen0", interface)  # None: exactly what torch would build
+        self._virtual = False                  # a joining spare replaying the script: see join_hook
+        self._boundary_seq = 0                 # _next_seq at the last step boundary
+        join = _join_hook[0]
+        if join is None:
+            self._build(0, "linkpass/gen0", interface)  # None: exactly what torch would build
+        else:
+            self._join(join, interface)
         _LIVE.add(self)
 
     # ---------------------------------------------------------------- torch's ProcessGroup surface
@@ -419,20 +430,45 @@ class ResilientProcessGroup(dist.ProcessGroup):
         ours, then DDP's); a thread that needs the GIL once the interpreter is finalizing is
         ended with ``pthread_exit`` through C++ frames and the process aborts ("terminate
         called without an active exception", seen in the tests).  Leaked groups (see
-        :meth:`_abandon`) are left alone.  Idempotent."""
+        :meth:`_abandon`) are left alone.
+
+        The same holds for this group's own threads, so they are ended and joined here (at most
+        ``SHUTDOWN_JOIN_S`` in all): a waiter thread (see :meth:`_watch`) that got its stop
+        sentinel drops its last gloo ``Work`` when its frame is cleared, and pybind releases the
+        GIL to destroy it (``IntrusivePtrNoGilDestructor``); if the main thread reached
+        interpreter finalization meanwhile, the waiter's ``~gil_scoped_release`` cannot take the
+        GIL back, is ended by ``pthread_exit`` inside that noexcept destructor, and the process
+        aborts (gdb, FSDP2 fault-free, about 1 exit in 15 before this join).  A waiter of a
+        generation with abandoned work may be blocked in gloo until the old group's timeout: it
+        is not waited for.  Idempotent."""
         with self._lock:
             self._state = _CLOSED
             self._grace_token += 1
             inner, self._inner, self._fds = self._inner, None, []
             old = [g for g in self._graveyard if not any(g is o for o in _LEAKED)]
             self._graveyard = [g for g in self._graveyard if any(g is o for o in _LEAKED)]
-        for q in list(self._waitqs.values()):
+            qs, self._waitqs = dict(self._waitqs), {}
+            threads, self._threads = self._threads, []
+            stuck = set(self._stuck_gens)
+        for t in threads:
+            if isinstance(t, threading.Timer):
+                t.cancel()
+        for q in qs.values():
             q.put(None)
         try:
             if inner is not None and hasattr(inner, "shutdown"):
                 inner.shutdown()
         except Exception as e:  # noqa: BLE001 - closing anyway
             log.debug("inner shutdown: %s", e)
+        deadline = time.monotonic() + SHUTDOWN_JOIN_S
+        me = threading.current_thread()
+        for t in threads:
+            if t is me or t.ident is None or getattr(t, "_linkpass_gen", None) in stuck:
+                continue
+            t.join(max(0.0, deadline - time.monotonic()))
+            if t.is_alive():
+                log.warning("group %s: thread %s still running %.0f s after shutdown", self._gname or "?", t.name,
+                            SHUTDOWN_JOIN_S)
         del inner, old  # the last references: the destructors run now (torch releases the GIL for them)
         _LIVE.discard(self)
 
@@ -454,6 +490,57 @@ class ResilientProcessGroup(dist.ProcessGroup):
         """A step boundary: the collectives issued before it were all waited for (see "Memory")."""
         with self._lock:
             self._epoch += 1
+            self._boundary_seq = self._next_seq
+
+    @property
+    def boundary_seq(self) -> int:
+        """The sequence number of the first collective after the last step boundary."""
+        return self._boundary_seq
+
+    # ---------------------------------------------------------------- a spare taking a rank over
+
+    def _join(self, join: Callable, interface: str | None) -> None:
+        """Join the job's current generation as a spare that takes this rank over.
+
+        ``join(self) -> (generation, low)``: the generation the other ranks are rebuilding to and
+        the sequence number of the first collective this rank will issue for real (the first
+        collective after the step boundary of the state it takes over).  The rank tells the
+        others ``low`` as its lowest unfinished collective (so they issue again from there, the
+        ones they completed into scratch outputs), builds the inner group with them, and
+        completes every collective locally until :meth:`go_live` (it is replaying the script's
+        control flow up to the rank's position; see torch_hooks/handover.py)."""
+        gen, low = join(self)
+        prefix = f"linkpass/gen{gen}"
+        st = dist.PrefixStore(prefix.rstrip("/") + "/", self._store)
+        st.set(f"reissue/{self._rank}", json.dumps({"low": low}))
+        self._virtual = True
+        self._build(gen, prefix, interface)
+        log.info("group %s: joined generation %d as rank %d; collectives complete locally until the replay reaches "
+                 "seq %d", self._gname or "?", gen, self._rank, low)
+
+    def go_live(self, next_seq: int) -> None:
+        """End the replay: the next collective is ``next_seq`` and goes to the inner group."""
+        with self._lock:
+            self._virtual = False
+            self._next_seq = self._boundary_seq = next_seq
+
+    def _complete_locally(self, op: _Op) -> _Work:
+        """A collective of the replay: no traffic; gathers get this rank's input in every slot
+        (so checks that compare ranks' metadata, like DDP's parameter-shape check, pass), other
+        outputs are left as they are (the state is replaced at :meth:`go_live`)."""
+        op.future = torch.futures.Future()
+        try:
+            if op.kind == "allgather":
+                for outs, t in zip(op.result, op.inputs):
+                    for o in outs:
+                        o.copy_(t)
+            elif op.kind == "all_gather_single" and op.inputs:
+                out, inp = op.result[0], op.inputs[0]
+                out.view(-1, inp.numel()).copy_(inp.reshape(1, -1).expand(out.numel() // max(inp.numel(), 1), -1))
+        except Exception as e:  # noqa: BLE001 - the values are replaced at go_live anyway
+            log.debug("replayed %s: outputs left as they are (%s)", op.kind, e)
+        self._deliver(op, None)
+        return _Work(op)
 
     def stats(self) -> dict:
         """Counters and the current cost: ``generation``, ``issued`` (protected collectives so far),
@@ -549,7 +636,7 @@ class ResilientProcessGroup(dist.ProcessGroup):
         log.warning("group %s: inner group generation %d aborted (%d sockets shut down)", self._gname or "?", gen, n)
 
     def rebuild(self, generation: int, store_prefix: str | None = None, interface: str | None = None,
-                timeout: datetime.timedelta | None = None) -> dict:
+                timeout: datetime.timedelta | None = None, move_latched: bool = False) -> dict:
         """Build inner group ``generation`` and issue the interrupted collectives again on it.
 
         Every rank of the group must call it with the same ``generation`` (larger than the
@@ -563,6 +650,8 @@ class ResilientProcessGroup(dist.ProcessGroup):
                 ``f"linkpass/gen{generation}"``.
             interface: the gloo interface for the new group (None: keep the current one).
             timeout: for the store exchange and for waiting on old work (default: the group's).
+            move_latched: a latched group may move all the same: the caller knows the process's
+                own interface is healthy (NCCL: the new plan's HCAs are in the list it read).
 
         Returns:
             ``{"generation", "start_seq", "reissued", "reissued_scratch", "interface"}``.
@@ -573,7 +662,7 @@ class ResilientProcessGroup(dist.ProcessGroup):
             ValueError: ``generation`` not larger than the current one.
             RebuildError: see the class; the group stays down, collectives parked.
         """
-        if self.latched and interface is not None and interface != self.interface:
+        if self.latched and not move_latched and interface is not None and interface != self.interface:
             raise LatchedInterfaceError(
                 f"linkpass: process group {self._gname or '?'} (rank {self._rank}) is latched to interface "
                 f"{self.interface or 'default'!r}: like NCCL, which reads its HCA list once per process and never rescans "
@@ -685,6 +774,8 @@ class ResilientProcessGroup(dist.ProcessGroup):
                 op.settled.set()
         if inner is not None:
             _leak(inner)
+        with self._lock:
+            self._stuck_gens.add(gen)  # its waiter thread may stay in gloo: shutdown does not join it
         log.warning("group %s: %d collectives (seq %s) still blocked on generation %d %.1f s after the abort (gloo does "
                     "not wake a blocked send when its socket closes); abandoned and issued again; the old group is kept "
                     "alive", self._gname or "?", len(stuck), [op.seq for op in stuck], gen, self.abandon_s)
@@ -709,6 +800,7 @@ class ResilientProcessGroup(dist.ProcessGroup):
             token = self._grace_token
         t = threading.Timer(self.error_grace_s, self._grace_expired, args=(token,))
         t.daemon = True
+        self._keep_thread(t)
         t.start()
 
     def _grace_expired(self, token: int) -> None:
@@ -729,6 +821,8 @@ class ResilientProcessGroup(dist.ProcessGroup):
     # ---------------------------------------------------------------- issue / complete
 
     def _submit(self, op: _Op) -> _Work:
+        if self._virtual:
+            return self._complete_locally(op)
         op.future = torch.futures.Future()
         saved = _copies(op.inputs) if op.inplace else None  # before anything can overwrite them
         with self._issue_lock:
@@ -801,7 +895,10 @@ class ResilientProcessGroup(dist.ProcessGroup):
                 q = self._waitqs[op.gen] = queue.Queue()
                 for g in [g for g in self._waitqs if g < op.gen]:
                     self._waitqs.pop(g).put(None)  # its thread ends once past what it waits for
-                threading.Thread(target=self._waiter, args=(q,), name=f"linkpass-pg-wait-gen{op.gen}", daemon=True).start()
+                t = threading.Thread(target=self._waiter, args=(q,), name=f"linkpass-pg-wait-gen{op.gen}", daemon=True)
+                t._linkpass_gen = op.gen  # type: ignore[attr-defined] - see shutdown
+                self._keep_thread(t)
+                t.start()
             q.put((work, op, attempt, scratch))
             return
 
@@ -827,6 +924,14 @@ class ResilientProcessGroup(dist.ProcessGroup):
             except BaseException as e:  # noqa: BLE001
                 err = e
             self._settle(op, attempt, scratch, err)
+            # the gloo Work goes now, not with the frame on return (see shutdown)
+            item = work = op = err = None
+
+    def _keep_thread(self, t: threading.Thread) -> None:
+        """Remember a thread of this group for :meth:`shutdown` to join (finished ones are forgotten)."""
+        with self._lock:
+            self._threads = [x for x in self._threads if x.is_alive() or x.ident is None]  # None: not started yet
+            self._threads.append(t)
 
     def _settle(self, op: _Op, attempt: int, scratch: bool, err: BaseException | None) -> None:
         """An attempt of ``op`` finished (torch/gloo thread)."""
@@ -931,6 +1036,9 @@ class ResilientProcessGroup(dist.ProcessGroup):
         if opts is None:
             opts = dist.BroadcastOptions()
         tensors = list(tensors)
+        cap = getattr(_capture, "ddp_bucket_sync", None)
+        if cap is not None:
+            return self._bucket_sync(cap, tensors, opts)
         root = self._rank == opts.rootRank
         inputs = tensors if root else []
 
@@ -938,6 +1046,30 @@ class ResilientProcessGroup(dist.ProcessGroup):
             return pg.broadcast([c.clone() for c in s] if root else [torch.empty_like(t) for t in tensors], opts)
 
         return self._submit(_Op("broadcast", lambda pg: pg.broadcast(tensors, opts), scratch, inputs, False, tensors))
+
+    def _bucket_sync(self, cap: dict, tensors: list, opts) -> dist.Work:
+        """A broadcast DDP's reducer issues while it rebuilds its buckets (``sync_bucket_indices``,
+        after its first backward: rank 0's bucket layout for every rank).  Recorded (``"record"``:
+        the values every rank received) so that a spare taking a rank over later gets the same
+        layout; completed locally from that record in a spare (``"replay"``), whose peers did
+        this exchange long ago and will not do it again."""
+        if cap["mode"] == "replay":
+            op = _Op("broadcast", None, None, [], False, tensors)
+            src = cap["tensors"][cap["i"]] if cap["i"] < len(cap["tensors"]) else None
+            cap["i"] += 1
+            if src is not None:
+                for t, v in zip(tensors, src):
+                    t.copy_(v)
+            op.future = torch.futures.Future()
+            self._deliver(op, None)
+            return _Work(op)
+        _capture.ddp_bucket_sync = None
+        try:
+            w = self.broadcast(tensors, opts)
+        finally:
+            _capture.ddp_bucket_sync = cap
+        cap["pending"].append(tensors)
+        return w
 
     def allgather(self, output_tensors, input_tensors, opts=None):
         opts = opts if opts is not None else AllgatherOptions()
@@ -1068,6 +1200,12 @@ def _leak(obj) -> None:
     _LEAKED.append(obj)
     ctypes.pythonapi.Py_IncRef(ctypes.py_object(obj))
 _group_listeners: list[Callable[[ResilientProcessGroup], None]] = []
+#: set by a spare taking a rank over (torch_hooks.handover): every wrapper it creates joins the
+#: job's current generation instead of building generation 0 (see ResilientProcessGroup._join)
+_join_hook: list = [None]
+#: per thread: ``ddp_bucket_sync`` is set while DDP's reducer rebuilds its buckets (see
+#: ResilientProcessGroup._bucket_sync; torch_hooks.tracker sets it)
+_capture = threading.local()
 _options: dict = {}
 _installed: dict = {}
 
