@@ -100,11 +100,25 @@ class ScriptDemo(RebuildDemo):
             env = dict(os.environ, LINKPASS_JOB=f"demo-{tag}", LINKPASS_REPORT=str(self.workdir / f"{tag}-rank{{rank}}.json"),
                        LINKPASS_PROGRESS=str(self.workdir / f"{tag}-rank{{rank}}.progress"),
                        PYTHONPATH=os.pathsep.join([root] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])),
-                       OMP_NUM_THREADS="1", LINKPASS_REBUILD_TIMEOUT_S="60")
+                       OMP_NUM_THREADS="1", LINKPASS_REBUILD_TIMEOUT_S="60", LINKPASS_HOST=h["name"])
             env.pop("GLOO_SOCKET_IFNAME", None)
             logf = open(self.workdir / f"{tag}-host{i}.log", "w")
             self.jobs.append(subprocess.Popen(fab.netns_exec(self.name, i) + cmd, stdout=logf, stderr=subprocess.STDOUT,
                                               start_new_session=True, cwd=run_dir, env=env))
+
+    def _wait_spares(self, tag: str, timeout: float = 120) -> None:
+        """Until every worker's spares are listed in the job's store (each writes
+        ``<progress file>.spare<id>`` then)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            n = [len(list(self.workdir.glob(f"{tag}-rank{h['index']}.progress.spare*"))) for h in self.desc["hosts"]]
+            if all(k >= self.spares for k in n):
+                return
+            if any(j.poll() is not None for j in self.jobs):
+                raise DemoError(f"{tag} run ended before its spares were up; see {self.workdir}/{tag}-host*.log")
+            if time.monotonic() > deadline:
+                raise DemoError(f"spares not up within {timeout:.0f} s (per host: {n}); see {self.workdir}/{tag}-host*.log")
+            time.sleep(0.05)
 
     def _report_path(self, tag: str, rank: int) -> Path:
         return self.workdir / f"{tag}-rank{rank}.json"
@@ -150,6 +164,8 @@ class ScriptDemo(RebuildDemo):
         latched = self.scenario == "rail-latched"
         self.log(f"faulted run: scenario {self.scenario}" + (f", {self.spares} warm spare(s) per worker" if self.spares else ""))
         self._launch("faulted", 29501, self.spares, latched)
+        if self.spares:
+            self._wait_spares("faulted")
         self._wait_progress("faulted", fault_host, max(3, steps * 3 // 10), timeout=240)
         step_at_fault = self._progress("faulted", fault_host)
         if self.scenario == "device-fault":

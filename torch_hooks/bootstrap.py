@@ -54,15 +54,36 @@ def start() -> bool:
     except ValueError as e:
         _say(f"hook not started: {e}; the script runs unprotected")
         return False
+    import faulthandler
+    import signal
+
+    if signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL:
+        # `kill -USR1 PID` prints every thread's stack (a hung rank says where it is)
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
     t = tracker.install()
     latched = os.environ.get("LINKPASS_LATCHED", "").strip() == "1" or None
-    if not pg.install(latched=latched):
+    if not pg.install(latched=latched, step_hook=False):  # the tracker marks step boundaries
         return False
     ctl = Controller(settings, t)
     _state.update(settings=settings, tracker=t, controller=ctl)
     pg.add_group_listener(ctl.attach)
     t.add_step_listener(_first_step_checks)
     atexit.register(_at_exit)
+    from torch_hooks import handover
+
+    if os.environ.get("LINKPASS_SPARE") == "1":
+        handover.run_spare(settings, t, ctl)  # returns once this process has a rank to take
+    else:
+        try:
+            n = int(os.environ.get("LINKPASS_SPARES") or 0)
+        except ValueError:
+            _say(f"LINKPASS_SPARES={os.environ['LINKPASS_SPARES']!r} is not a number; no spares")
+            n = 0
+        if n > 0:
+            if not (settings.master_addr and settings.master_port):
+                _say("no MASTER_ADDR/MASTER_PORT: spares need the job's store; no spares started")
+            else:
+                ctl.spares = handover.spawn_spares(n)
     log.info("linkpass hook installed in rank %s (job %s, rails %s)", settings.rank, settings.job, settings.rails or "unknown")
     return True
 
@@ -89,7 +110,8 @@ def report() -> dict:
     t, ctl, s = _state["tracker"], _state["controller"], _state["settings"]
     ms = t.step_ms
     return {
-        "rank": s.rank, "host": s.host, "job": s.job, "steps": t.steps,
+        "rank": s.rank, "host": s.host, "job": s.job, "pid": os.getpid(), "spare": os.environ.get("LINKPASS_SPARE") == "1",
+        "steps": t.steps,
         "step_ms": [round(x, 3) for x in ms],
         "max_step_stall_ms": round(max(ms), 3) if ms else None,
         "median_step_ms": round(sorted(ms)[len(ms) // 2], 3) if ms else None,
@@ -107,6 +129,10 @@ def _at_exit() -> None:
     write_report()
     ctl = _state.get("controller")
     if ctl is not None:
+        if ctl.spares and ctl._kv is not None:
+            from torch_hooks import handover
+
+            handover.retire_spares(ctl._kv, ctl.spares)
         ctl.close()
 
 

@@ -14,8 +14,9 @@ Rebuilds are job-wide epochs ``e = 1, 2, ...`` agreed through the job's store (a
 client of its own to ``MASTER_ADDR:MASTER_PORT``, keys under ``linkpass/<job>/``):
 
 1. ``rebuild/<e>/req``: the first rank to ``compare_set`` it asks for epoch ``e``; every rank's
-   controller thread blocks in a store ``wait`` on that key (server-side, no polling), so a rank
-   whose own daemon has not heard of the fault joins within one store round trip;
+   controller thread looks for that key
+   (a ``check`` every :data:`POLL_S`), so a rank whose own daemon has not heard of the fault
+   joins within about 20 ms;
 2. ``rebuild/<e>/prop/<rank>``: each rank's :class:`torch_hooks.agreement.Proposal` (its step,
    the rails its daemon says every peer can use minus the ones it reports broken, its rail);
 3. :func:`torch_hooks.agreement.decide` on all proposals gives the same rail on every rank;
@@ -61,9 +62,17 @@ EXIT_REBUILD_FAILED = 76
 MAX_REBUILDS = 8
 RATE_WINDOW_S = 60.0
 
-#: how long one store wait for a rebuild request lasts before the controller thread checks
-#: whether it should stop (the request itself wakes it at once: the store notifies waiters)
-WAIT_S = 0.25
+#: how long a rank waits for its own spare that is still starting before it says none is left (s)
+SPARE_START_S = 60.0
+
+#: how long a rebuild waits for an optimizer step in progress to finish (s)
+STEP_LOCK_S = 5.0
+
+#: how often the controller thread checks the store for a rebuild request (s).  A check, not a
+#: store wait() with a timeout: a timed-out TCPStore wait leaves a waiter on the server whose
+#: late answer desynchronises the connection (torch_hooks/spare.py).  A rank whose own daemon
+#: saw the fault does not wait for this: it aborts at once.
+POLL_S = 0.02
 
 
 def parse_rail_ifaces(text: str) -> dict[int, str]:
@@ -123,6 +132,7 @@ class Settings:
         self.rebuild_timeout_s = num("LINKPASS_REBUILD_TIMEOUT_S", "60", float)
         start_if = env.get("GLOO_SOCKET_IFNAME") or env.get("NCCL_SOCKET_IFNAME") or ""
         self.rail = next((r for r, d in self.rails.items() if d == start_if.split(",")[0]), None)
+        self.gpu = num("LINKPASS_GPU") if env.get("LINKPASS_GPU") else self.local_rank
 
 
 class Controller:
@@ -157,6 +167,11 @@ class Controller:
         self._rebuild_times: list[float] = []
         self._after_rebuild: dict | None = None
         self.peers: tuple[str, ...] = ()
+        self.handover_event: dict | None = None
+        self._handing_over = False
+        self._in_rebuild = False
+        self._deferred: tuple[str, str] | None = None
+        self.spares: list = []                 # this worker's warm spare processes
         tracker.add_step_listener(self._on_step)
 
     # ---------------------------------------------------------------- wiring
@@ -178,20 +193,21 @@ class Controller:
             st = g._store  # the group's store (init_method without MASTER_ADDR/PORT)
         else:
             raise RuntimeError("no MASTER_ADDR/MASTER_PORT and no process group: no store for the job")
-        return dist.PrefixStore(f"linkpass/{self.s.job}/", st)
+        return dist.PrefixStore(f"linkpass/{self.s.job}", st)
 
     def start(self, g: Any | None = None) -> None:
         self._kv = self._store(g)
         self._kv_wait = self._store(g)
         self._kv.set(f"host/{self.s.rank}", self.s.host)
-        self.client = DaemonClient(self._registration(), socket_path=self.s.hooks_socket, on_notice=self._on_notice)
+        self.client = DaemonClient(self._registration(), socket_path=self.s.hooks_socket, on_notice=self._on_notice,
+                                   on_device_fault=self._on_device_fault)
         self.client.start()
         self._thread = threading.Thread(target=self._run, name="linkpass-controller", daemon=True)
         self._thread.start()
 
     def _registration(self) -> Registration:
         return Registration(job=self.s.job, rank=self.s.rank, world_size=self.s.world_size, peers=self.peers,
-                            local_rank=self.s.local_rank, rail=self.rail,
+                            local_rank=self.s.local_rank, gpu=self.s.gpu, rail=self.rail,
                             netdev=self.s.rails.get(self.rail) if self.rail is not None else None,
                             backend=self.groups[0].inner_backend if self.groups else "gloo")
 
@@ -204,11 +220,13 @@ class Controller:
             self.client.close(0.5)
         t = self._thread
         if t is not None and t is not threading.current_thread():
-            t.join(2 * WAIT_S + 1.0)
+            t.join(2.0)
 
     # ---------------------------------------------------------------- triggers
 
     def _on_notice(self, n: Notice) -> None:
+        if self._in_rebuild:
+            return  # judged against the rail the rebuild chooses, once it is done
         if not n.affects(self.rail):
             return
         self.request("notice", f"daemon notice generation {n.generation}: rails {sorted(n.affected_rails)} broken"
@@ -221,8 +239,16 @@ class Controller:
         """Ask for a job-wide rebuild (any thread; returns at once).  ``abort``: abort this
         process's groups now, so pending collectives stop within milliseconds."""
         with self._lock:
-            if self._pending is None:
+            if self._in_rebuild:
+                # an error of the group being replaced, or a second notice: looked at again
+                # against the new rail once the rebuild is done
+                self._deferred = (trigger, reason)
+                return
+            first = self._pending is None
+            if first:
                 self._pending = (trigger, reason, time.monotonic_ns())
+        if first:
+            log.warning("linkpass: rank %d asks for rebuild epoch %d: %s: %s", self.s.rank, self.epoch + 1, trigger, reason)
         if abort:
             for g in list(self.groups):
                 g.abort()
@@ -237,26 +263,24 @@ class Controller:
 
     def _run(self) -> None:
         self._learn_peers()
-        while not self._stop.is_set():
+        while not self._stop.wait(POLL_S):
+            if self._handing_over:
+                return  # this process is about to become a proxy: the spare takes part from now on
             e = self.epoch + 1
             key = f"rebuild/{e}/req"
             try:
-                self._kv_wait.wait([key], datetime.timedelta(seconds=WAIT_S))
-            except Exception as ex:  # noqa: BLE001 - a timeout (the usual case) or a store error
-                if "timeout" not in str(ex).lower() and "wait timeout" not in str(ex).lower():
-                    if self._stop.wait(0.2):
-                        return
-                with self._lock:
-                    pending = self._pending
-                if pending is not None:  # our request could not be written: try again
-                    try:
+                found = self._kv_wait.check([key])
+                if not found:
+                    with self._lock:
+                        pending = self._pending
+                    if pending is not None and time.monotonic_ns() - pending[2] > 200_000_000:
+                        # our request could not be written when it was made: write it now
                         self._kv_wait.compare_set(key, "", json.dumps({"rank": self.s.rank, "trigger": pending[0],
                                                                        "reason": pending[1][:300]}))
-                    except Exception:  # noqa: BLE001,S110
-                        pass
+                    continue
+            except Exception as ex:  # noqa: BLE001 - the store is unreachable: keep trying
+                log.debug("store check failed: %s", ex)
                 continue
-            if self._stop.is_set():
-                return
             try:
                 self._rebuild(e)
             except SystemExit:
@@ -295,6 +319,34 @@ class Controller:
         for g in list(self.groups):
             g.abort()
         t_abort = time.monotonic_ns()
+        # the optimizer must not step while the position and (for a hand-over) the state are
+        # read and until the groups are rebuilt: hold its lock (a step in progress finishes first)
+        locked = self.tracker.step_lock.acquire(timeout=STEP_LOCK_S)
+        if not locked:
+            log.warning("the optimizer step did not finish within %.0f s (a collective inside step()?); the position "
+                        "is read without it", STEP_LOCK_S)
+        with self._lock:
+            self._in_rebuild = True
+        try:
+            self._rebuild_locked(e, t0, t_abort, req, pending)
+        finally:
+            if locked:
+                self.tracker.step_lock.release()
+            with self._lock:
+                self._in_rebuild = False
+                self._pending = None
+                deferred, self._deferred = self._deferred, None
+        n = self.client.latest if self.client is not None else None
+        if n is not None and n.affects(self.rail):
+            self._on_notice(n)
+        elif deferred is not None and deferred[0] != "notice" and self.epoch == e:
+            log.info("an error during rebuild %d (%s) is not acted on: the groups were being replaced", e, deferred[1])
+
+    def _position(self) -> dict:
+        return dict(self.tracker.boundary_pos, boundary_seqs=[g.boundary_seq for g in self.groups],
+                    ddp_layouts=self.tracker.ddp_layouts)
+
+    def _rebuild_locked(self, e: int, t0: int, t_abort: int, req: dict, pending) -> None:
         self._rebuild_times = [t for t in self._rebuild_times if t > time.monotonic() - RATE_WINDOW_S] + [time.monotonic()]
         if len(self._rebuild_times) > MAX_REBUILDS:
             self.exit_fn(EXIT_REBUILD_FAILED, f"{len(self._rebuild_times)} rebuilds within {RATE_WINDOW_S:.0f} s "
@@ -302,6 +354,7 @@ class Controller:
             return
         prop = self._proposal()
         kv = self._kv_wait
+        kv.set(f"rebuild/{e}/pos/{self.s.rank}", json.dumps(self._position()))
         kv.set(f"rebuild/{e}/prop/{self.s.rank}", json.dumps(prop.to_mapping()))
         keys = [f"rebuild/{e}/prop/{r}" for r in range(self.s.world_size)]
         try:
@@ -322,19 +375,34 @@ class Controller:
                          f"rebuild epoch {e}: {d.reason}")
             return
         iface = self.s.rails.get(d.rail) if d.rail is not None else None
-        from torch_hooks.pg import LatchedInterfaceError
+        ho = req.get("handover")
+        if ho and ho.get("kind") == "none":
+            from torch_hooks.spare import EXIT_NO_SPARE
 
-        results = []
-        try:
-            for g in list(self.groups):
-                results.append(g.rebuild(e, interface=iface, timeout=datetime.timedelta(seconds=self.s.rebuild_timeout_s)))
-        except LatchedInterfaceError as ex:
-            reason = str(ex)
-            if self.on_latched is not None:
-                self.on_latched(reason, d)
-                return
-            self.exit_fn(EXIT_MIGRATE, reason)
+            self.exit_fn(EXIT_NO_SPARE, f"rank {ho.get('rank')} lost its device and no spare is left: {ho.get('reason')}")
             return
+        if ho and ho.get("kind") == "device":
+            from torch_hooks import handover
+
+            survivors = [r for r in range(self.s.world_size) if r != ho["rank"]]
+            kv.wait([f"rebuild/{e}/pos/{r}" for r in survivors], datetime.timedelta(seconds=self.s.rebuild_timeout_s))
+            src = handover.source_rank({r: json.loads(kv.get(f"rebuild/{e}/pos/{r}")) for r in survivors})
+            if src == self.s.rank:
+                data = handover.capture_state(self.tracker)
+                handover.put_state(kv, e, data)
+                log.warning("linkpass: rank %d: state (%d bytes) sent to the spare taking rank %d", self.s.rank, len(data),
+                            ho["rank"])
+        latched = any(g.latched for g in self.groups)
+        moving = iface is not None and any(iface != g.interface for g in self.groups)
+        if latched and moving and self._own_rail_dead():
+            # NCCL keeps the HCA list it read at start (shared/NCCL-REFERENCE.md 1.7): with its own
+            # rail dead this process cannot build a working communicator; a fresh process can
+            self._hand_over_latched(e, d, kv)
+            return
+        results = []
+        for g in list(self.groups):
+            results.append(g.rebuild(e, interface=iface, timeout=datetime.timedelta(seconds=self.s.rebuild_timeout_s),
+                                     move_latched=True))
         t_done = time.monotonic_ns()
         rail_from, self.rail, self.epoch = self.rail, d.rail if d.rail is not None else self.rail, e
         trig_ns = pending[2] if pending else t0
@@ -354,6 +422,122 @@ class Controller:
         if self.client is not None:
             self.client.update(self._registration())
             self.client.report("rebuilt", epoch=e, rail=self.rail, rebuild_ms=ev["rebuild_ms"])
+
+    # ---------------------------------------------------------------- hand-over to a spare
+
+    def _own_rail_dead(self) -> bool:
+        """This host's daemon says the rail this process latched is not usable here."""
+        n = self.client.latest if self.client is not None else None
+        return n is not None and self.rail is not None and self.rail in n.unusable
+
+    def _claim(self, kv, why: str):
+        from torch_hooks.spare import claim_spare
+
+        d = claim_spare(kv, self.s.host)
+        deadline = time.monotonic() + SPARE_START_S
+        while d is None and any(p.poll() is None for p in self.spares) and time.monotonic() < deadline:
+            time.sleep(0.05)  # this worker's own spare is still starting (importing torch)
+            d = claim_spare(kv, self.s.host)
+        if d is not None:
+            log.info("rank %d on %s claimed spare %s on %s (pid %s)", self.s.rank, self.s.host, d["id"], d.get("host"),
+                     d.get("pid"))
+        if d is None:
+            from torch_hooks.spare import list_spares, spare_alive
+
+            seen = []
+            try:
+                seen.append(f"seq={int(kv.add('spares/seq', 0))}")
+            except Exception as ex:  # noqa: BLE001
+                seen.append(f"the store did not answer ({str(ex).splitlines()[0][:160]})")
+            for x in list_spares(kv):
+                claimed = kv.check([f"spares/{x['id']}/claimed"]) and int(kv.add(f"spares/{x['id']}/claimed", 0)) > 0
+                seen.append(f"{x['id']}@{x.get('host')}: " + ("claimed" if claimed else spare_alive(kv, x, self.s.host)[1] or "alive"))
+            log.error("no spare left for rank %d (%s); spares announced: %s", self.s.rank, why, "; ".join(seen) or "none")
+        return d
+
+    def _assign(self, kv, e: int, d: dict, rail, reason: str) -> None:
+        from torch_hooks.spare import Assignment, proc_start
+
+        a = Assignment(epoch=e, rank=self.s.rank, world_size=self.s.world_size, step=self.tracker.steps,
+                       rail=rail if rail is not None else -1, host=self.s.host, pid=os.getpid(),
+                       start=proc_start(os.getpid()), spare=int(d["id"]), reason=reason[:300])
+        kv.set(f"spares/{d['id']}/assign", a.to_json())
+
+    def _hand_over_latched(self, e: int, d: agreement.Decision, kv) -> None:
+        from torch_hooks import handover
+
+        why = (f"rail {self.rail} ({self.s.rails.get(self.rail)}) is down on this host and the process group is "
+               "latched to it (as NCCL is to its HCA list)")
+        if not self.tracker.modules:
+            self.exit_fn(EXIT_MIGRATE, f"{why}; no protected module (DDP / fully_shard) to hand over")
+            return
+        spare = self._claim(kv, why)
+        if spare is None:
+            self.exit_fn(EXIT_MIGRATE, f"{why}; no spare left to take rank {self.s.rank} (start the job with "
+                         "linkpass exec --spares N)")
+            return
+        data = handover.capture_state(self.tracker)
+        kv.set(f"handover/{e}", json.dumps({"kind": "latched", "rank": self.s.rank, "spare": spare["id"],
+                                            "src": self.s.rank, "t_ns": time.monotonic_ns()}))
+        handover.put_state(kv, e, data)
+        self._assign(kv, e, spare, d.rail, why)
+        log.warning("linkpass: rank %d hands over to spare %s (pid %s) on rail %s: %s", self.s.rank, spare["id"],
+                    spare.get("pid"), d.rail, why)
+        if self.client is not None:
+            self.client.report("handover", epoch=e, spare=int(spare["id"]), rail=d.rail)
+            time.sleep(0.01)
+        handover.become_proxy(int(spare["pid"]), int(spare["id"]))
+
+    def _on_device_fault(self, msg: dict) -> None:
+        """The daemon says this rank's GPU failed: hand the rank to a spare, never touch the GPU
+        or a collective again (the exec into the proxy ends every thread of this process)."""
+        from torch_hooks import handover
+        from torch_hooks.spare import EXIT_NO_SPARE
+
+        inc = msg.get("incident") or {}
+        why = f"GPU {msg.get('gpu')} failed: {inc.get('summary') or inc.get('code') or 'device fault'}"
+        t_ns = time.monotonic_ns()
+        kv = self._kv
+        e = self.epoch + 1
+        reason = None
+        if not self.tracker.modules:
+            reason = "no protected module (DDP / fully_shard) whose state a spare could take"
+        elif any(k == "fsdp2" for k in self.tracker.module_kinds):
+            reason = ("the model is sharded (fully_shard): no other rank holds this rank's shard, so a spare cannot take "
+                      "it over without a snapshot; stopping instead of training on wrong state")
+        elif not self.tracker.position()["known"]:
+            reason = ("the data position is unknown (no DataLoader over a DistributedSampler, no "
+                      "torch_hooks.tracker.set_position): a spare would train on other batches")
+        self._handing_over = True
+        spare = None if reason else self._claim(kv, why)
+        if spare is None:
+            reason = reason or "no spare left (start the job with linkpass exec --spares N)"
+            kv.compare_set(f"rebuild/{e}/req", "", json.dumps({"rank": self.s.rank, "trigger": "device_fault",
+                                                               "reason": why, "handover": {"kind": "none", "rank": self.s.rank,
+                                                                                           "reason": reason}}))
+            self.exit_fn(EXIT_NO_SPARE, f"rank {self.s.rank}: {why}; {reason}")
+            return
+        ho = {"kind": "device", "rank": self.s.rank, "spare": spare["id"], "src": None, "t_ns": t_ns}
+        kv.set(f"handover/{e}", json.dumps(ho))
+        got = kv.compare_set(f"rebuild/{e}/req", "", json.dumps({"rank": self.s.rank, "trigger": "device_fault",
+                                                                 "reason": why, "handover": ho}))
+        if json.loads(got).get("handover") != ho:
+            self.exit_fn(EXIT_REBUILD_FAILED, f"rank {self.s.rank}: {why} while rebuild epoch {e} was already under way "
+                         "for another reason: two faults at once")
+            return
+        self._assign(kv, e, spare, self.rail, why)
+        log.error("linkpass: rank %d: %s; spare %s (pid %s) takes the rank over", self.s.rank, why, spare["id"],
+                  spare.get("pid"))
+        if self.client is not None:
+            self.client.report("handover", epoch=e, spare=int(spare["id"]), reason=why[:200])
+        handover.become_proxy(int(spare["pid"]), int(spare["id"]))
+
+    def propose_as_spare(self, kv, e: int) -> None:
+        """A spare taking over a rank whose device failed: its proposal (no step: it takes a
+        replica's state) for the epoch the survivors are rebuilding to."""
+        n_rails = list(self.s.rails)
+        kv.set(f"rebuild/{e}/prop/{self.s.rank}", json.dumps(agreement.Proposal(step=None, usable=tuple(n_rails),
+                                                                                rail=self.rail).to_mapping()))
 
     def _on_step(self, steps: int) -> None:
         ev = self._after_rebuild

@@ -65,6 +65,20 @@ class Tracker:
         self._lock = threading.Lock()
         prog = os.environ.get("LINKPASS_PROGRESS") or None
         self._progress = prog.replace("{rank}", os.environ.get("RANK", "0")) if prog else None
+        #: held by the training thread while an optimizer steps (pre-hook to post-hook) and by
+        #: the controller while it reads the position and the state: they are then consistent
+        self.step_lock = threading.Lock()
+        self.boundary_rng: dict | None = None     # RNG states at the last step boundary
+        self.boundary_pos = {"steps": 0, "epoch": None, "batch": 0}
+        self._ff: dict | None = None              # fast-forward target of a joining spare
+        #: what DDP's reducers received when they rebuilt their buckets (per rebuild, the
+        #: broadcast tensors), and, in a spare, what its reducers are to take instead
+        self.ddp_bucket_syncs: list = []
+        self.ddp_bucket_replay: list = []
+        #: the bucket layouts those rebuilds produced (per reducer: lists of parameter indices),
+        #: and, in a spare, the layouts its DDP constructors are to use
+        self.ddp_layouts: list[list[list[int]]] = []
+        self.ddp_layout_replay: list = []
 
     # ---------------------------------------------------------------- listeners
 
@@ -94,7 +108,26 @@ class Tracker:
             self.modules.append(module)
             self.module_kinds.append(kind)
 
+    def on_optimizer(self, opt: Any) -> None:
+        with self._lock:
+            if not any(o is opt for o in self.optimizers):
+                self.optimizers.append(opt)
+
+    def on_step_start(self, opt: Any) -> None:
+        if self._primary is None or id(opt) == self._primary:
+            self.step_lock.acquire()
+
     def on_step(self, opt: Any) -> None:
+        try:
+            self._on_step(opt)
+        finally:
+            if self.step_lock.locked() and (self._primary is None or id(opt) == self._primary):
+                try:
+                    self.step_lock.release()
+                except RuntimeError:
+                    pass
+
+    def _on_step(self, opt: Any) -> None:
         with self._lock:
             if not any(o is opt for o in self.optimizers):
                 self.optimizers.append(opt)
@@ -109,6 +142,10 @@ class Tracker:
                 self.step_end_ns.append(now)
             self.last_step_ns = now
             steps = self.steps
+            self.boundary_pos = {"steps": steps, "epoch": self.epoch, "batch": self.batch}
+        self.boundary_rng = _rng_state()
+        for g in self._groups():
+            g.mark_step()
         if self._progress:
             try:
                 with open(self._progress, "w") as f:
@@ -126,6 +163,43 @@ class Tracker:
             if not any(s is sampler for s in self.samplers):
                 self.samplers.append(sampler)
             self.epoch = int(epoch)
+
+    def _groups(self) -> list:
+        from torch_hooks import pg
+
+        return pg.groups()
+
+    # ---------------------------------------------------------------- fast-forward (a joining spare)
+
+    def fast_forward(self, epoch: int | None, batch: int, on_live: Callable[[], None]) -> None:
+        """Skip the script's batches up to ``batch`` batches into ``epoch`` (a spare replaying the
+        script's control flow to the point where the rank it replaces was), then call
+        ``on_live()`` just before the next batch reaches the script.  While skipping, earlier
+        epochs' loaders yield nothing, and ``torch.save`` is not run (the rank it replaces
+        already wrote those files)."""
+        self._ff = {"epoch": epoch, "batch": batch, "on_live": on_live}
+
+    @property
+    def fast_forwarding(self) -> bool:
+        return self._ff is not None
+
+    def _ff_skip_epoch(self) -> bool:
+        ff = self._ff
+        return ff is not None and ff["epoch"] is not None and self.epoch is not None and self.epoch < ff["epoch"]
+
+    def _ff_check(self, index: int) -> bool:
+        """True: skip this batch.  Goes live (once) at the first batch past the target."""
+        ff = self._ff
+        if ff is None:
+            return False
+        if ff["epoch"] is None or self.epoch == ff["epoch"]:
+            if index < ff["batch"]:
+                return True
+        elif self.epoch is not None and self.epoch < ff["epoch"]:
+            return True
+        self._ff = None
+        ff["on_live"]()
+        return False
 
     def on_batch(self, batch: Any, index: int) -> Any:
         with self._lock:
@@ -166,6 +240,45 @@ class Tracker:
                 h.update(name.encode())
                 h.update(t.cpu().contiguous().view(-1).view(dtype=_byte_dtype()).numpy().tobytes())
         return h.hexdigest()
+
+
+def decode_bucket_sync(tensors: list) -> list[list[int]]:
+    """The bucket layout in what DDP's ``Reducer::sync_bucket_indices`` broadcasts
+    (torch/csrc/distributed/c10d/reducer.cpp): first ``[index, ..., num_buckets]`` (int32, every
+    parameter index, bucket after bucket), then the bucket sizes.  Returns one list of parameter
+    indices per bucket; [] when the tensors do not have that shape."""
+    try:
+        idx = [int(x) for x in tensors[0][0].cpu().tolist()]
+        sizes = [int(x) for x in tensors[1][0].cpu().tolist()]
+    except (IndexError, AttributeError, TypeError, ValueError):
+        return []
+    if not idx or idx[-1] != len(sizes) or sum(sizes) != len(idx) - 1:
+        return []
+    out, i = [], 0
+    for n in sizes:
+        out.append(idx[i:i + n])
+        i += n
+    return out
+
+
+def _rng_state() -> dict:
+    import torch
+
+    out = {"cpu": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        out["cuda"] = torch.cuda.get_rng_state_all()
+    return out
+
+
+def set_rng_state(st: dict | None) -> None:
+    """Restore what :func:`_rng_state` captured (None: nothing)."""
+    import torch
+
+    if not st:
+        return
+    torch.set_rng_state(st["cpu"])
+    if "cuda" in st and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(st["cuda"])
 
 
 def _byte_dtype():
@@ -213,9 +326,16 @@ class _CountingIter:
         return self
 
     def __next__(self):
-        b = next(self._it)
-        i, self._n = self._n, self._n + 1
-        return self._t.on_batch(b, i)
+        t = self._t
+        if t._ff_skip_epoch():
+            raise StopIteration
+        while True:
+            b = next(self._it)
+            i, self._n = self._n, self._n + 1
+            if not t._ff_check(i):
+                return t.on_batch(b, i)
+            with t._lock:
+                t.batch = i + 1
 
     def __len__(self):
         return len(self._it)
@@ -295,6 +415,71 @@ def install() -> Tracker:
 
     LRScheduler.__init__ = sched_init_tracked
 
+    try:
+        from torch._C._distributed_c10d import Reducer
+    except ImportError:  # pragma: no cover - a torch without distributed
+        Reducer = None
+    if Reducer is not None and hasattr(Reducer, "_rebuild_buckets"):
+        rebuild = Reducer._rebuild_buckets
+
+        def rebuild_tracked(self):
+            from torch_hooks import pg
+
+            rec = t.ddp_bucket_replay[0] if t.ddp_bucket_replay else None
+            cap = {"mode": "replay", "tensors": rec, "i": 0} if rec is not None else {"mode": "record", "pending": []}
+            pg._capture.ddp_bucket_sync = cap
+            try:
+                done = rebuild(self)
+            finally:
+                pg._capture.ddp_bucket_sync = None
+            if cap["mode"] == "replay" and cap["i"]:
+                t.ddp_bucket_replay.pop(0)  # used: this reducer now has the job's layout
+            if done and cap["mode"] == "record" and cap["pending"]:
+                t.ddp_bucket_syncs.append([[x.clone() for x in ts] for ts in cap["pending"]])
+                t.ddp_layouts.append(decode_bucket_sync(t.ddp_bucket_syncs[-1]))
+            return done
+
+        Reducer._rebuild_buckets = rebuild_tracked
+        _patched["reducer"] = rebuild
+
+        import torch.distributed as dist
+
+        assign = dist._compute_bucket_assignment_by_size
+
+        def assign_tracked(params, limits, *args, **kwargs):
+            layout = t.ddp_layout_replay.pop(0) if t.ddp_layout_replay else None
+            if layout is None or sum(len(b) for b in layout) != len(params):
+                return assign(params, limits, *args, **kwargs)
+            # DDP reverses what this returns (distributed.py: "reverse list of buckets"), so the
+            # reducer gets the job's current layout exactly
+            cap = max(limits) if limits else 25 << 20
+            return list(reversed(layout)), [cap] * len(layout)
+
+        dist._compute_bucket_assignment_by_size = assign_tracked
+        _patched["assign"] = assign
+
+    opt_init = torch.optim.Optimizer.__init__
+
+    def opt_init_tracked(self, *args, **kwargs):
+        opt_init(self, *args, **kwargs)
+        t.on_optimizer(self)
+
+    torch.optim.Optimizer.__init__ = opt_init_tracked
+
+    save = torch.save
+
+    def save_unless_replaying(*args, **kwargs):
+        if t.fast_forwarding:
+            log.info("torch.save skipped while this spare replays the script up to the rank's position")
+            return None
+        return save(*args, **kwargs)
+
+    save_unless_replaying.__doc__, save_unless_replaying.__wrapped__ = save.__doc__, save  # type: ignore[attr-defined]
+    torch.save = save_unless_replaying
+
+    from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+    _patched["pre_hook"] = register_optimizer_step_pre_hook(lambda opt, *_a, **_k: t.on_step_start(opt))
     _patched["step_hook"] = register_optimizer_step_post_hook(lambda opt, *_a, **_k: t.on_step(opt))
     _patched.update(ddp=ddp_init, set_epoch=set_epoch, dl_iter=dl_iter, sched=sched_init)
     del torch

@@ -1,0 +1,318 @@
+"""A warm spare process takes a rank over, in an unmodified script (``linkpass exec --spares N``).
+
+Why a process: NCCL reads its HCA list once per process (shared/NCCL-REFERENCE.md 1.7), so a
+rank whose own rail died cannot rebuild in-process; and a rank whose GPU failed cannot go on at
+all.  Either way a fresh process takes its place, with the rank's state, at the step boundary
+the rank had reached, and the other ranks rebuild in-process and issue their interrupted
+collectives again (0 steps lost).
+
+**Spares.**  Each worker started under ``linkpass exec --spares N`` starts N copies of itself
+(:func:`spawn_spares`: the same command line, ``sys.orig_argv``, with ``LINKPASS_SPARE=1``).  A
+spare imports torch, the hook and the script's top-level imports (parsed with :mod:`ast`, not
+run), announces itself in the job's store (:class:`torch_hooks.spare.Spare`) and waits; it has
+not initialised NCCL or CUDA.
+
+**Hand-over** (epoch ``e`` of the controller, keys under ``linkpass/<job>/``):
+
+* ``handover/<e>``: ``{"kind": "latched"|"device", "rank", "spare", "src"}``: who is replaced,
+  by which spare, and whose state it takes (``src``: the rank itself when it hands over because
+  its rail latched, its process being healthy; for a device fault, the surviving rank with the
+  lowest step, a replica: DDP keeps every rank's parameters and optimizer state equal);
+* ``rebuild/<e>/pos/<rank>``: each rank's position at its last step boundary, written with its
+  proposal while its optimizer cannot step (the tracker's ``step_lock``): ``steps``, ``epoch``,
+  ``batch`` (batches of that epoch consumed), ``boundary_seqs`` (per group, the first
+  collective after the boundary);
+* ``handover/<e>/state/<i>``, ``handover/<e>/state/n``: the source's state, ``torch.save`` of
+  ``{"modules", "optimizers", "schedulers", "rng", "position"}`` in chunks of
+  :data:`CHUNK_BYTES`.  Through the store: fine for models up to a few hundred MB; larger ones
+  need a transfer over the rebuilt group (not built yet).
+
+**The spare's replay.**  The spare runs the script from its first line with ``RANK`` set to the
+rank it takes.  Every process group it creates joins generation ``e`` at once
+(:meth:`torch_hooks.pg.ResilientProcessGroup._join`); its collectives complete locally (no
+traffic) while it replays the script's control flow: epochs before the rank's epoch iterate no
+batch, the batches of the rank's epoch before its position are skipped, ``torch.save`` does
+nothing (the rank already wrote those files).  At the first batch past the position it loads
+the source's state (modules, optimizers, LR schedulers, RNG at the boundary), its groups go live
+at the boundary's sequence numbers, and the batch reaches the script: the step the rank was in
+is computed again, with the same data, the same parameters and the same reduction order.
+
+**What it cannot know.**  A script that does not iterate a ``DataLoader`` over a
+``DistributedSampler`` and does not call :func:`torch_hooks.tracker.set_position`: no position,
+no hand-over (the job stops, exit :data:`torch_hooks.spare.EXIT_NO_SPARE`, with the reason).
+Sharded modules (FSDP2) have no replica: a device fault stops the job with a clear reason (a
+later issue: snapshots); a latched hand-over works, the rank itself being the source.  Values of
+collectives the script issues before its training loop (a broadcast seed, an all-reduced dataset
+size) are this rank's own during the replay, not the job's.
+
+**The replaced process** becomes a proxy (:mod:`torch_hooks.proxy`, through ``execv``: the same
+pid, so torchrun's agent keeps watching it, and the CUDA context and memory are freed): it
+waits for the spare and exits with its exit status.
+"""
+
+from __future__ import annotations
+
+import ast
+import datetime
+import importlib
+import io
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+from typing import Any
+
+log = logging.getLogger("linkpass.torch_hooks.handover")
+
+#: the state goes through the store in chunks of this size (bytes)
+CHUNK_BYTES = 4 << 20
+#: how long a spare waits for an assignment before retiring (s; ``LINKPASS_SPARE_WAIT_S``)
+DEFAULT_SPARE_WAIT_S = 24 * 3600.0
+
+
+# --------------------------------------------------------------------------- the worker's side
+
+
+def spawn_spares(n: int) -> list[subprocess.Popen]:
+    """Start ``n`` copies of this worker as warm spares (same command line and environment,
+    plus ``LINKPASS_SPARE=1``).  They are this process's children: after a hand-over the
+    proxy this process becomes waits for the one that took its rank."""
+    argv = list(getattr(sys, "orig_argv", []) or [sys.executable] + sys.argv)
+    env = dict(os.environ, LINKPASS_SPARE="1", LINKPASS_SPARE_OF=os.environ.get("RANK", ""))
+    out = []
+    for _ in range(n):
+        try:
+            out.append(subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL))
+        except OSError as e:
+            print(f"linkpass: spare not started ({e}); the job runs with fewer spares", file=sys.stderr, flush=True)
+    return out
+
+
+def retire_spares(kv: Any, procs: list[subprocess.Popen]) -> None:
+    """At the worker's exit: stop its spares that no rank took (one a rank took goes on)."""
+    from torch_hooks.spare import list_spares
+
+    mine = {p.pid: p for p in procs if p.poll() is None}
+    if not mine:
+        return
+    try:
+        for d in list_spares(kv):
+            p = mine.get(d.get("pid"))
+            if p is not None and int(kv.add(f"spares/{d['id']}/claimed", 1)) == 1:
+                p.terminate()
+    except Exception as e:  # noqa: BLE001 - the store is gone: the spares retire by themselves
+        log.debug("spares not retired through the store: %s", e)
+        for p in mine.values():
+            p.terminate()
+
+
+def capture_state(tracker: Any) -> bytes:
+    """The bytes of this rank's state (caller holds ``tracker.step_lock``)."""
+    blob = {"modules": [m.state_dict() for m in tracker.modules],
+            "optimizers": [o.state_dict() for o in tracker.optimizers],
+            "schedulers": [s.state_dict() for s in tracker.schedulers],
+            "rng": tracker.boundary_rng, "position": dict(tracker.boundary_pos),
+            "ddp_bucket_syncs": tracker.ddp_bucket_syncs}
+    buf = io.BytesIO()
+    _save(blob, buf)
+    return buf.getvalue()
+
+
+def _save(obj: Any, f) -> None:
+    import torch
+
+    getattr(torch.save, "__wrapped__", torch.save)(obj, f)  # the real torch.save, never the replay's
+
+
+def put_state(kv: Any, e: int, data: bytes) -> None:
+    n = max(1, (len(data) + CHUNK_BYTES - 1) // CHUNK_BYTES)
+    for i in range(n):
+        kv.set(f"handover/{e}/state/{i}", data[i * CHUNK_BYTES:(i + 1) * CHUNK_BYTES])
+    kv.set(f"handover/{e}/state/n", str(n))
+
+
+def get_state(kv: Any, e: int, timeout_s: float) -> bytes:
+    kv.wait([f"handover/{e}/state/n"], datetime.timedelta(seconds=timeout_s))
+    n = int(kv.get(f"handover/{e}/state/n"))
+    return b"".join(kv.get(f"handover/{e}/state/{i}") for i in range(n))
+
+
+def become_proxy(spare_pid: int, spare_id: int, code_if_lost: int = 1) -> None:
+    """Replace this process (``execv``, same pid) with the proxy that waits for the spare."""
+    for h in logging.getLogger().handlers:
+        try:
+            h.flush()
+        except Exception:  # noqa: BLE001,S110
+            pass
+    sys.stdout.flush()
+    sys.stderr.flush()
+    env = dict(os.environ, LINKPASS_HOOK="0")  # the proxy is no training process: no hook, no report
+    os.execve(sys.executable, [sys.executable, "-m", "torch_hooks.proxy", "--pid", str(spare_pid),
+                               "--spare", str(spare_id), "--code-if-lost", str(code_if_lost)], env)
+
+
+# --------------------------------------------------------------------------- the spare's side
+
+
+def _preimport(script: str) -> list[str]:
+    """Import the script's top-level absolute imports (parsed, not run); returns their names."""
+    try:
+        with open(script, "rb") as f:
+            tree = ast.parse(f.read(), script)
+    except (OSError, SyntaxError, ValueError):
+        return []
+    names = []
+    for node in tree.body:
+        if isinstance(node, ast.Import):
+            names += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.append(node.module)
+    done = []
+    for name in dict.fromkeys(names):
+        try:
+            importlib.import_module(name)
+            done.append(name)
+        except Exception:  # noqa: BLE001,S110 - the script will import it (or fail) itself
+            pass
+    return done
+
+
+def run_spare(settings: Any, tracker: Any, controller: Any) -> None:
+    """The spare's life before the script runs: wait for an assignment, then prepare the
+    replay.  Returns to let the script run as the assigned rank; exits quietly (status 0) when
+    no rank needed it."""
+    import torch.distributed as dist
+
+    from torch_hooks import pg
+    from torch_hooks.spare import Spare
+
+    script = sys.argv[0] if sys.argv and sys.argv[0] not in ("", "-c", "-m") else ""
+    if script:
+        _preimport(script)
+    store = dist.TCPStore(settings.master_addr, settings.master_port, is_master=False,
+                          timeout=datetime.timedelta(seconds=max(60.0, settings.rebuild_timeout_s)))
+    sp = Spare(store, job=settings.job, host=settings.host)
+    ready = os.environ.get("LINKPASS_PROGRESS")
+    if ready:  # for demos and tests: this worker's spare is listed in the store
+        try:
+            with open(ready.replace("{rank}", os.environ.get("LINKPASS_SPARE_OF", "")) + f".spare{sp.id}", "w") as f:
+                f.write(str(os.getpid()))
+        except OSError:
+            pass
+    wait_s = float(os.environ.get("LINKPASS_SPARE_WAIT_S") or DEFAULT_SPARE_WAIT_S)
+    a = sp.wait(wait_s)
+    if a is None:
+        log.info("spare %d retires (%s)", sp.id, sp.retired)
+        os._exit(0)
+    t_assigned = time.monotonic_ns()
+    kv = dist.PrefixStore(f"linkpass/{settings.job}", sp.store)
+    ho = json.loads(kv.get(f"handover/{a.epoch}"))
+    os.environ["RANK"] = str(a.rank)
+    iface = settings.rails.get(a.rail) if a.rail is not None else None
+    if iface:
+        os.environ["GLOO_SOCKET_IFNAME"] = iface
+    settings.rank = a.rank
+    settings.rail = a.rail if a.rail >= 0 else None
+    if ho["kind"] == "device":
+        settings.gpu = None  # it runs on another GPU than the failed one (which the daemon still reports)
+    print(f"linkpass: spare {sp.id} takes rank {a.rank} over (epoch {a.epoch}, {ho['kind']}: {a.reason})",
+          file=sys.stderr, flush=True)
+    e = a.epoch
+    if ho["kind"] == "device":
+        controller.propose_as_spare(kv, e)
+    src = _source(kv, e, ho, settings.world_size, settings.rebuild_timeout_s)
+    pos = json.loads(kv.get(f"rebuild/{e}/pos/{src}"))
+    seqs = list(pos["boundary_seqs"])
+    with tracker._lock:  # the rank's step from now on (its proposal, should another rebuild come)
+        tracker.steps = int(pos["steps"])
+    # DDP's constructor in the replay builds its reducer with the buckets the job uses now, not
+    # the first-iteration layout (torch/nn/parallel/distributed.py: bucketing is off for the
+    # first iteration, rebuilt after it in gradient order)
+    tracker.ddp_layout_replay = [x for x in pos.get("ddp_layouts") or [] if x]
+    created = [0]
+
+    def join(g) -> tuple[int, int]:
+        i = created[0]
+        created[0] += 1
+        if i >= len(seqs):
+            controller.exit_fn(pg_exit_code(), f"spare for rank {a.rank}: the script created more process groups "
+                               f"({i + 1}) than rank {src} had ({len(seqs)}): cannot take the rank over")
+        return e, seqs[i]
+
+    pg._join_hook[0] = join
+    controller.epoch = e
+    controller.rail = settings.rail
+    controller.handover_event = {"event": "handover", "epoch": e, "kind": ho["kind"], "rank": a.rank, "spare": sp.id,
+                                 "src": src, "trigger_t_ns": ho.get("t_ns"), "assigned_t_ns": t_assigned,
+                                 "resume_step": pos["steps"], "first_step_t_ns": None}
+
+    def on_live() -> None:
+        t0 = time.monotonic_ns()
+        data = get_state(kv, e, settings.rebuild_timeout_s)
+        _apply_state(data, tracker, a.rank, src)
+        pg._join_hook[0] = None
+        groups = controller.groups
+        if len(groups) != len(seqs):
+            controller.exit_fn(pg_exit_code(), f"spare for rank {a.rank}: {len(groups)} process groups here, "
+                               f"{len(seqs)} on rank {src}: cannot take the rank over")
+        for g, s in zip(groups, seqs):
+            g.go_live(s)
+        ev = controller.handover_event
+        ev.update(live_t_ns=time.monotonic_ns(), state_bytes=len(data),
+                  state_ms=round((time.monotonic_ns() - t0) / 1e6, 3),
+                  replay_ms=round((t0 - t_assigned) / 1e6, 3))
+        controller.events.append(ev)
+        controller._after_rebuild = ev
+        print(f"linkpass: rank {a.rank} resumed in the spare at step {pos['steps']} (state {len(data)} bytes from "
+              f"rank {src})", file=sys.stderr, flush=True)
+
+    tracker.fast_forward(pos.get("epoch"), int(pos.get("batch") or 0), on_live)
+
+
+def pg_exit_code() -> int:
+    from torch_hooks.spare import EXIT_NO_SPARE
+
+    return EXIT_NO_SPARE
+
+
+def _source(kv: Any, e: int, ho: dict, world: int, timeout_s: float) -> int:
+    """The rank whose state the spare takes: the one named, or (device fault) the surviving
+    rank with the lowest step (ties: the lowest rank)."""
+    if ho.get("src") is not None:
+        kv.wait([f"rebuild/{e}/pos/{ho['src']}"], datetime.timedelta(seconds=timeout_s))
+        return int(ho["src"])
+    others = [r for r in range(world) if r != ho["rank"]]
+    kv.wait([f"rebuild/{e}/pos/{r}" for r in others], datetime.timedelta(seconds=timeout_s))
+    return source_rank({r: json.loads(kv.get(f"rebuild/{e}/pos/{r}")) for r in others})
+
+
+def source_rank(positions: dict[int, dict]) -> int:
+    """The replica a spare takes its state from: the lowest ``steps``, then the lowest rank
+    (every rank computes the same)."""
+    return min(positions, key=lambda r: (positions[r]["steps"], r))
+
+
+def _apply_state(data: bytes, tracker: Any, rank: int, src: int) -> None:
+    import torch
+
+    from torch_hooks import tracker as tr
+
+    blob = torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
+    mods, opts, scheds = blob["modules"], blob["optimizers"], blob["schedulers"]
+    if len(mods) != len(tracker.modules) or len(opts) != len(tracker.optimizers):
+        raise RuntimeError(f"state mismatch: rank {src} has {len(mods)} protected modules and {len(opts)} optimizers, "
+                           f"this spare {len(tracker.modules)} and {len(tracker.optimizers)}")
+    for m, sd in zip(tracker.modules, mods):
+        m.load_state_dict(sd)
+    for o, sd in zip(tracker.optimizers, opts):
+        o.load_state_dict(sd)
+    for s, sd in zip(tracker.schedulers, scheds):
+        s.load_state_dict(sd)
+    tr.set_rng_state(blob.get("rng"))
+    tracker.ddp_bucket_replay = list(blob.get("ddp_bucket_syncs") or [])
+    p = blob["position"]
+    with tracker._lock:
+        tracker.steps = int(p["steps"])
+        tracker.boundary_pos = dict(p)
