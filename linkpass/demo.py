@@ -328,7 +328,8 @@ def main(args) -> int:
         demo = demo_script.ScriptDemo(getattr(args, "script", None) or str(demo_script.DEFAULT_SCRIPT),
                                       getattr(args, "script_args", None) if getattr(args, "script_args", None) is not None
                                       else (demo_script.DEFAULT_SCRIPT_ARGS if not getattr(args, "script", None) else ""),
-                                      scenario, args.hosts, args.rails, args.name, args.mode, spares=getattr(args, "spares", 1))
+                                      scenario, args.hosts, args.rails, args.name, args.mode, spares=getattr(args, "spares", 1),
+                                      fault_host=getattr(args, "fault_host", None))
     elif scenario == "guard-device-fault":
         demo = DeviceFaultDemo(args.hosts, args.rails, args.steps, args.name, args.mode, spares=getattr(args, "spares", 1),
                                fault_host=getattr(args, "fault_host", None))

@@ -52,7 +52,7 @@ class ScriptDemo(RebuildDemo):
     """See the module docstring."""
 
     def __init__(self, script: str, script_args: str, scenario: str, hosts: int, rails: int, name: str, mode: str,
-                 spares: int = 1, log=print):
+                 spares: int = 1, fault_host: int | None = None, log=print):
         if scenario not in SCENARIOS:
             raise DemoError(f"--scenario for --script must be one of {', '.join(SCENARIOS)}", 2)
         p = Path(script)
@@ -70,6 +70,9 @@ class ScriptDemo(RebuildDemo):
         self.script = str(p.resolve())
         self.scenario = scenario
         self.spares = spares if scenario != "rail" else 0
+        self.fault_host = hosts - 1 if fault_host is None else fault_host
+        if not 0 <= self.fault_host < hosts:
+            raise DemoError(f"--fault-host must be 0..{hosts - 1}", 2)
         if scenario != "rail" and spares < 1:
             raise DemoError(f"--scenario {scenario} needs --spares 1 or more", 2)
 
@@ -135,7 +138,8 @@ class ScriptDemo(RebuildDemo):
                 raise DemoError(f"{tag} run did not finish in {timeout:.0f} s; see {self.workdir}/{tag}-host*.log") from None
         codes = [j.returncode for j in self.jobs]
         if any(codes):
-            tails = "; ".join(f"h{i}: exit {c}: " + _tail(self.workdir / f"{tag}-host{i}.log")
+            tails = "; ".join(f"h{i}: exit {c}: " + (_exit_reason(self.workdir / f"{tag}-host{i}.log")
+                                                      or _tail(self.workdir / f"{tag}-host{i}.log"))
                               for i, c in enumerate(codes) if c)
             raise DemoError(f"{tag} run failed ({tails}); logs in {self.workdir}")
         res = []
@@ -160,14 +164,19 @@ class ScriptDemo(RebuildDemo):
         if steps < 10:
             raise DemoError(f"the script made only {steps} optimizer steps: too few to cut mid-run (give it more work "
                             "with --script-args)", 2)
-        fault_host = self.hosts - 1
+        fault_host = self.fault_host
         latched = self.scenario == "rail-latched"
         self.log(f"faulted run: scenario {self.scenario}" + (f", {self.spares} warm spare(s) per worker" if self.spares else ""))
         self._launch("faulted", 29501, self.spares, latched)
         if self.spares:
             self._wait_spares("faulted")
-        self._wait_progress("faulted", fault_host, max(3, steps * 3 // 10), timeout=240)
+        # about 30 % of the run, and not before the spares are listed (they start with the job)
+        self._wait_progress("faulted", fault_host, max(3, steps * 3 // 10, self._progress("faulted", fault_host) + 5),
+                            timeout=240)
         step_at_fault = self._progress("faulted", fault_host)
+        if step_at_fault > steps * 6 // 10:
+            raise DemoError(f"the script is too short: the spares were up only at step {step_at_fault} of {steps}; give it "
+                            "more work with --script-args (more samples or epochs)", 2)
         if self.scenario == "device-fault":
             from linkpass.inject import inject_device_fault
 
@@ -218,6 +227,16 @@ class ScriptDemo(RebuildDemo):
             "rails": self.rails,
             "workdir": str(self.workdir),
         }
+
+
+def _exit_reason(p: Path) -> str | None:
+    """The hook's own exit line in a host's log (``linkpass: ...; exiting with status N``)."""
+    try:
+        lines = p.read_text(errors="replace").splitlines()
+    except OSError:
+        return None
+    mine = [ln.strip() for ln in lines if ln.startswith("linkpass: ") and "exiting with status" in ln]
+    return mine[0][:400] if mine else None
 
 
 def _tail(p: Path, n: int = 300) -> str:

@@ -110,8 +110,8 @@ def retire_spares(kv: Any, procs: list[subprocess.Popen]) -> None:
 
 def capture_state(tracker: Any) -> bytes:
     """The bytes of this rank's state (caller holds ``tracker.step_lock``)."""
-    blob = {"modules": [m.state_dict() for m in tracker.modules],
-            "optimizers": [o.state_dict() for o in tracker.optimizers],
+    blob = {"modules": [_local_tree(m.state_dict()) for m in tracker.modules],
+            "optimizers": [_local_tree(o.state_dict()) for o in tracker.optimizers],
             "schedulers": [s.state_dict() for s in tracker.schedulers],
             "rng": tracker.boundary_rng, "position": dict(tracker.boundary_pos),
             "ddp_bucket_syncs": tracker.ddp_bucket_syncs}
@@ -294,6 +294,58 @@ def source_rank(positions: dict[int, dict]) -> int:
     return min(positions, key=lambda r: (positions[r]["steps"], r))
 
 
+def _local_tree(x: Any) -> Any:
+    """``x`` with every DTensor (FSDP2's sharded parameters and optimizer state) replaced by
+    this rank's local shard: a state a spare of the same rank loads into the same sharding."""
+    to_local = getattr(x, "to_local", None)
+    if callable(to_local) and hasattr(x, "placements"):
+        return to_local().detach().clone()
+    if isinstance(x, dict):
+        return type(x)((k, _local_tree(v)) for k, v in x.items()) if not hasattr(x, "default_factory") else {
+            k: _local_tree(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return type(x)(_local_tree(v) for v in x)
+    return x
+
+
+def _copy_into(module: Any, saved: dict) -> None:
+    """Copy each saved tensor into the module's own (its local shard for a DTensor), in place,
+    so the spare's parameters keep their identity (the optimizer and DDP's reducer hold them)."""
+    import torch
+
+    own = module.state_dict(keep_vars=True)
+    missing = sorted(set(own) - set(saved))
+    extra = sorted(set(saved) - set(own))
+    if missing or extra:
+        raise RuntimeError(f"state mismatch in {type(module).__name__}: missing {missing[:5]}, unexpected {extra[:5]}")
+    with torch.no_grad():
+        for k, t in own.items():
+            dst = t.to_local() if hasattr(t, "placements") else t
+            src = saved[k]
+            if tuple(dst.shape) != tuple(src.shape):
+                raise RuntimeError(f"state mismatch in {type(module).__name__}.{k}: shape {tuple(src.shape)} from the "
+                                   f"source, {tuple(dst.shape)} here")
+            dst.copy_(src)
+
+
+def _redistribute_optimizer_state(opt: Any) -> None:
+    """After ``load_state_dict`` of local shards: each state tensor of a DTensor parameter back
+    into a DTensor with the parameter's mesh and placements (what the optimizer step expects)."""
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # pragma: no cover
+        return
+    for group in opt.param_groups:
+        for p in group["params"]:
+            if not isinstance(p, DTensor):
+                continue
+            st = opt.state.get(p, {})
+            local_shape = tuple(p.to_local().shape)
+            for k, v in list(st.items()):
+                if hasattr(v, "shape") and not isinstance(v, DTensor) and tuple(v.shape) == local_shape and v.dim() > 0:
+                    st[k] = DTensor.from_local(v.to(p.device), p.device_mesh, p.placements, run_check=False)
+
+
 def _apply_state(data: bytes, tracker: Any, rank: int, src: int) -> None:
     import torch
 
@@ -305,9 +357,10 @@ def _apply_state(data: bytes, tracker: Any, rank: int, src: int) -> None:
         raise RuntimeError(f"state mismatch: rank {src} has {len(mods)} protected modules and {len(opts)} optimizers, "
                            f"this spare {len(tracker.modules)} and {len(tracker.optimizers)}")
     for m, sd in zip(tracker.modules, mods):
-        m.load_state_dict(sd)
+        _copy_into(m, sd)
     for o, sd in zip(tracker.optimizers, opts):
         o.load_state_dict(sd)
+        _redistribute_optimizer_state(o)
     for s, sd in zip(tracker.schedulers, scheds):
         s.load_state_dict(sd)
     tr.set_rng_state(blob.get("rng"))

@@ -214,6 +214,14 @@ def worker(argv: list[str]) -> int:
         report["stats"] = g.stats()
         report["events"] = g.events
     Path(a.out).write_text(json.dumps(report))
+    if a.mode == "plain":
+        # plain gloo (no linkpass loaded) can abort at interpreter finalization: a gloo thread
+        # frees a finished coalesced all-gather (FSDP2's full_tensor) and needs the GIL then
+        # ("terminate called without an active exception"; torch 2.13).  That is torch's, not
+        # what this test is about: the reference leaves without finalizing.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
     return 0
 
 
