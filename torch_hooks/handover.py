@@ -80,14 +80,43 @@ def spawn_spares(n: int) -> list[subprocess.Popen]:
     plus ``LINKPASS_SPARE=1``).  They are this process's children: after a hand-over the
     proxy this process becomes waits for the one that took its rank."""
     argv = list(getattr(sys, "orig_argv", []) or [sys.executable] + sys.argv)
-    env = dict(os.environ, LINKPASS_SPARE="1", LINKPASS_SPARE_OF=os.environ.get("RANK", ""))
-    out = []
+    out, pipes = [], []
     for _ in range(n):
+        r, w = os.pipe()
+        env = dict(os.environ, LINKPASS_SPARE="1", LINKPASS_SPARE_OF=os.environ.get("RANK", ""),
+                   LINKPASS_SPARE_READY_FD=str(w))
         try:
-            out.append(subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL))
+            out.append(subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, pass_fds=(w,)))
+            pipes.append(r)
         except OSError as e:
+            os.close(r)
             print(f"linkpass: spare not started ({e}); the job runs with fewer spares", file=sys.stderr, flush=True)
+        finally:
+            os.close(w)
+    _wait_ready(pipes, SPARE_READY_S)
     return out
+
+
+#: how long a worker waits for its spares to be listed before its script starts (s): a fault in
+#: the first seconds of a job finds them ready
+SPARE_READY_S = 120.0
+
+
+def _wait_ready(fds: list[int], timeout_s: float) -> None:
+    import select
+
+    deadline = time.monotonic() + timeout_s
+    left = list(fds)
+    while left and time.monotonic() < deadline:
+        ready, _, _ = select.select(left, [], [], max(0.0, deadline - time.monotonic()))
+        for fd in ready:
+            os.read(fd, 16)  # a byte: listed; b"": it exited (its error is on stderr)
+            left.remove(fd)
+    if left:
+        print(f"linkpass: {len(left)} spare(s) not listed after {timeout_s:.0f} s; training starts without waiting "
+              "for them", file=sys.stderr, flush=True)
+    for fd in fds:
+        os.close(fd)
 
 
 def retire_spares(kv: Any, procs: list[subprocess.Popen]) -> None:
@@ -194,6 +223,13 @@ def run_spare(settings: Any, tracker: Any, controller: Any) -> None:
     store = dist.TCPStore(settings.master_addr, settings.master_port, is_master=False,
                           timeout=datetime.timedelta(seconds=max(60.0, settings.rebuild_timeout_s)))
     sp = Spare(store, job=settings.job, host=settings.host)
+    fd = os.environ.pop("LINKPASS_SPARE_READY_FD", "")
+    if fd.isdigit():  # tell the worker that started it: listed
+        try:
+            os.write(int(fd), b"1")
+            os.close(int(fd))
+        except OSError:
+            pass
     ready = os.environ.get("LINKPASS_PROGRESS")
     if ready:  # for demos and tests: this worker's spare is listed in the store
         try:
