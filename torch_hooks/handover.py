@@ -286,8 +286,15 @@ def run_spare(settings: Any, tracker: Any, controller: Any) -> None:
 
     def on_live() -> None:
         t0 = time.monotonic_ns()
-        data = get_state(kv, e, settings.rebuild_timeout_s)
-        _apply_state(data, tracker, a.rank, src)
+        try:
+            data = get_state(kv, e, settings.rebuild_timeout_s)
+            _apply_state(data, tracker, a.rank, src)
+        except Exception as ex:  # noqa: BLE001 - one exit path, never a traceback into the script
+            from torch_hooks.controller import EXIT_REBUILD_FAILED
+
+            controller.exit_fn(EXIT_REBUILD_FAILED, f"spare {sp.id} cannot take rank {a.rank} over: "
+                               f"{str(ex).splitlines()[0][:300] if str(ex) else type(ex).__name__}")
+            return
         pg._join_hook[0] = None
         groups = controller.groups
         if len(groups) != len(seqs):
