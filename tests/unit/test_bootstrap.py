@@ -175,3 +175,20 @@ def test_a_script_with_its_own_batches_is_told_its_position_is_unknown(tmp_path)
                str(_free_port()), str(script)], {"OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"})
     assert p.returncode == 0, p.stderr[-3000:]
     assert "data position unknown" in p.stderr and "torch_hooks.tracker.set_position" in p.stderr
+
+
+def test_a_state_that_does_not_fit_the_spare_s_module_is_refused_with_what_differs():
+    torch = pytest.importorskip("torch")
+    from torch_hooks.handover import _copy_into, _local_tree
+
+    m = torch.nn.Linear(4, 2)
+    good = _local_tree(m.state_dict())
+    other = torch.nn.Linear(4, 2)
+    _copy_into(other, good)
+    assert torch.equal(other.weight, m.weight) and torch.equal(other.bias, m.bias)
+    with pytest.raises(RuntimeError, match=r"missing \['bias'\]"):
+        _copy_into(other, {"weight": good["weight"]})
+    with pytest.raises(RuntimeError, match=r"weight: shape \(3, 4\)"):
+        _copy_into(other, {"weight": torch.zeros(3, 4), "bias": good["bias"]})
+    nested = _local_tree({"state": {0: {"exp_avg": torch.ones(2)}}, "param_groups": [{"lr": 0.1}]})
+    assert torch.equal(nested["state"][0]["exp_avg"], torch.ones(2)) and nested["param_groups"] == [{"lr": 0.1}]
