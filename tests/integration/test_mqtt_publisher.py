@@ -592,15 +592,25 @@ def test_alerts_tail_session_gets_every_event_across_a_broker_restart(broker, tm
         asyncio.run(go())
         # only now, with everything already at the broker, B comes back, and a clean-session tail starts
         b2 = _tail(tmp_path / "b2.jsonl", "--broker", addr, "--json", "--session", "t-noc-b", "--timeout", "60")
-        c = _tail(tmp_path / "c.jsonl", "--broker", addr, "--json", "--timeout", "2")
-        procs += [b2, c]
+        procs.append(b2)
+        broker.wait_subscribed("linkpass/v1/+/events", count=2, client_id="t-noc-b", timeout=60)
+        # the clean-session tail must really be subscribed before it is judged (under load its
+        # start-up alone can take seconds): it ends by itself, --timeout after it started
+        n0 = broker.subscriptions("linkpass/v1/+/events")
+        c = _tail(tmp_path / "c.jsonl", "--broker", addr, "--json", "--timeout", "5")
+        procs.append(c)
+        broker.wait_subscribed("linkpass/v1/+/events", count=n0 + 1, timeout=60)
         want = list(range(1, 11))
 
         def b_seqs():
             return [d["seq"] for d in dedup([{"payload": d} for d in _json_lines(tmp_path / "b1.jsonl") + _json_lines(tmp_path / "b2.jsonl")])]
         wait_for(lambda: b_seqs() == want, timeout=20, what="tail B (restarted, same session) to have events 1..10")
         wait_for(lambda: len(_json_lines(tmp_path / "a.jsonl")) >= 10, timeout=20, what="tail A to have 10 events")
-        rc_c, err_c = _stop(c)
+        try:
+            _, err_c = c.communicate(timeout=60)
+            rc_c = c.returncode
+        except subprocess.TimeoutExpired:
+            rc_c, err_c = _stop(c)
         rc_a, err_a = _stop(a)
         rc_b, err_b = _stop(b2)
     finally:
