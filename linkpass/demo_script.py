@@ -63,6 +63,12 @@ class ScriptDemo(RebuildDemo):
         except OSError as e:
             raise DemoError(f"--script {script}: cannot read it ({e.strerror})", 2) from None
         try:
+            compile(self.script_bytes, str(p), "exec")
+        except SyntaxError as e:
+            raise DemoError(f"--script {script}: line {e.lineno}: {e.msg} (the script does not compile)", 2) from None
+        except ValueError as e:
+            raise DemoError(f"--script {script}: {e}", 2) from None
+        try:
             self.script_args = shlex.split(script_args)
         except ValueError as e:
             raise DemoError(f"--script-args: {e}", 2) from None
@@ -253,8 +259,14 @@ def print_summary(r: dict) -> None:
 
     ok = r["steps_lost"] == 0 and r["weights_match_reference"]
     t = Table(title=f"linkpass demo --scenario {r['scenario']}: {Path(r['script']).name}, unmodified", show_header=False)
+    why = []
+    if r["steps_lost"]:
+        why.append(f"{r['steps_lost']} steps lost")
+    bad = [k for k, v in r.get("per_rank", {}).items() if v.get("weights_sha256") != v.get("reference_sha256")]
+    if bad:
+        why.append(f"weights differ from the fault-free run on rank(s) {', '.join(bad)}")
     t.add_row("result", "[green]the script trained through the fault; weights identical to the fault-free run[/]" if ok
-              else "[red]the job was disturbed[/]")
+              else f"[red]the job was disturbed: {'; '.join(why) or 'see the table'}[/]")
     t.add_row("fault", json.dumps(r["fault"]))
     t.add_row("steps / lost", f"{r['steps']} / {r['steps_lost']}")
     t.add_row("weights match reference", str(r["weights_match_reference"]))

@@ -202,7 +202,8 @@ def hook_env(env: NcclEnv, environ: Mapping[str, str], socket_path: str | None) 
     site = os.path.join(pkg_root, "torch_hooks", "_site")
     out: dict[str, str] = {}
     old = environ.get("PYTHONPATH", "")
-    out["PYTHONPATH"] = os.pathsep.join([site, pkg_root] + ([old] if old else []))
+    parts = [site] + ([pkg_root] if pkg_root not in old.split(os.pathsep) else []) + ([old] if old else [])
+    out["PYTHONPATH"] = os.pathsep.join(parts)
     health, cfg = getattr(env, "health", None), getattr(env, "config", None)
     if health is not None and health.rails:
         rails = sorted(health.rails, key=lambda r: (not r.usable, r.id))
@@ -286,6 +287,8 @@ def cmd_exec(args) -> int:
         new["LINKPASS_NCCL_GENERATION"] = str(env.generation)
     if os.environ.get("LINKPASS_HOOK", "1").strip() != "0":
         new.update(hook_env(env, os.environ, args.socket))
+        if args.no_daemon:
+            new["LINKPASS_NO_DAEMON"] = "1"  # the hook does not look for a daemon either
         if args.spares:
             new["LINKPASS_SPARES"] = str(args.spares)
         if args.latched:

@@ -65,6 +65,19 @@ RATE_WINDOW_S = 60.0
 #: how long a rank waits for its own spare that is still starting before it says none is left (s)
 SPARE_START_S = 60.0
 
+#: how long a rebuild waits for a rail every rank can use, and how often it asks again (s): a
+#: rail held down after a false alarm (the daemon's hold-down is 2 s by default) comes back
+def _env_s(name: str, default: float) -> float:
+    try:
+        return max(0.0, float(os.environ.get(name) or default))
+    except ValueError:
+        log.warning("%s=%r is not a number of seconds; %.0f s", name, os.environ.get(name), default)
+        return default
+
+
+NO_RAIL_WAIT_S = _env_s("LINKPASS_NO_RAIL_WAIT_S", 10.0)
+ROUND_S = 0.25
+
 #: how long a rebuild waits for an optimizer step in progress to finish (s)
 STEP_LOCK_S = 5.0
 
@@ -199,9 +212,16 @@ class Controller:
         self._kv = self._store(g)
         self._kv_wait = self._store(g)
         self._kv.set(f"host/{self.s.rank}", self.s.host)
-        self.client = DaemonClient(self._registration(), socket_path=self.s.hooks_socket, on_notice=self._on_notice,
-                                   on_device_fault=self._on_device_fault)
-        self.client.start()
+        if os.environ.get("LINKPASS_NO_DAEMON") != "1":
+            self.client = DaemonClient(self._registration(), socket_path=self.s.hooks_socket, on_notice=self._on_notice,
+                                       on_device_fault=self._on_device_fault)
+            self.client.start()
+        if self.s.local_rank in (0, None):  # one line per host says the job is protected
+            rails = ", ".join(f"{r}={d}" for r, d in self.s.rails.items()) or "unknown"
+            print(f"linkpass: rank {self.s.rank}: process groups protected ({g.getBackendName() if g is not None else '?'}"
+                  f"{', latched' if g is not None and g.latched else ''}; rails {rails}; "
+                  f"{'no daemon' if self.client is None else 'daemon ' + self.client.socket_path}; "
+                  f"{len(self.spares)} spare(s) per worker)", file=sys.stderr, flush=True)
         self._thread = threading.Thread(target=self._run, name="linkpass-controller", daemon=True)
         self._thread.start()
 
@@ -342,6 +362,43 @@ class Controller:
         elif deferred is not None and deferred[0] != "notice" and self.epoch == e:
             log.info("an error during rebuild %d (%s) is not acted on: the groups were being replaced", e, deferred[1])
 
+    def _agree(self, kv, e: int, req: dict) -> tuple[agreement.Decision, int]:
+        """Rounds of proposals until :func:`agreement.decide` gives a rail, or gives up.
+
+        A round with no rail every rank can use ("no_rail": a rail in hold-down after a false
+        alarm, or peers whose daemons have not replanned yet) is tried again every
+        :data:`ROUND_S` for up to :data:`NO_RAIL_WAIT_S`, with fresh proposals: every rank sees
+        the same proposals, so every rank takes the same number of rounds.  Round 0 keys are
+        ``rebuild/<e>/prop/<rank>``, round k ``rebuild/<e>/r<k>/prop/<rank>``; a spare joining
+        for a failed device writes round 0 only, and that proposal stands for later rounds."""
+        ho = req.get("handover") or {}
+        joining = ho.get("rank") if ho.get("kind") == "device" else None
+        deadline = time.monotonic() + NO_RAIL_WAIT_S
+        k = 0
+        while True:
+            pfx = f"rebuild/{e}/prop" if k == 0 else f"rebuild/{e}/r{k}/prop"
+            kv.set(f"{pfx}/{self.s.rank}", json.dumps(self._proposal().to_mapping()))
+            keys = [f"rebuild/{e}/prop/{r}" if (r == joining or k == 0) else f"{pfx}/{r}" for r in range(self.s.world_size)]
+            try:
+                kv.wait(keys, datetime.timedelta(seconds=self.s.rebuild_timeout_s))
+            except Exception as ex:  # noqa: BLE001
+                missing = [r for r, key in enumerate(keys) if not kv.check([key])]
+                raise RuntimeError(f"ranks {missing} did not join rebuild epoch {e} within "
+                                   f"{self.s.rebuild_timeout_s:.0f} s ({str(ex).splitlines()[0][:120]})") from None
+            props = {r: agreement.Proposal.from_mapping(json.loads(kv.get(key))) for r, key in enumerate(keys)}
+            t_agree = time.monotonic_ns()
+            if not self.s.rails:  # no rail map: rebuild where the group was
+                steps = [p.step for p in props.values() if p.step is not None]
+                return agreement.Decision("ok", min(steps) if steps else None, None, "no rail map"), t_agree
+            d = agreement.decide(props, list(self.s.rails), self.rail, keep_current=True, max_step_lag=1)
+            if d.outcome != "no_rail" or time.monotonic() + ROUND_S > deadline:
+                return d, t_agree
+            if k == 0:
+                log.warning("linkpass: rank %d: %s; waiting up to %.0f s for a rail every rank can use", self.s.rank,
+                            d.reason, NO_RAIL_WAIT_S)
+            k += 1
+            time.sleep(ROUND_S)
+
     def _position(self) -> dict:
         return dict(self.tracker.boundary_pos, boundary_seqs=[g.boundary_seq for g in self.groups],
                     ddp_layouts=self.tracker.ddp_layouts)
@@ -352,24 +409,9 @@ class Controller:
             self.exit_fn(EXIT_REBUILD_FAILED, f"{len(self._rebuild_times)} rebuilds within {RATE_WINDOW_S:.0f} s "
                          f"(last: {req.get('reason')}): the fault is not one a rebuild fixes")
             return
-        prop = self._proposal()
         kv = self._kv_wait
         kv.set(f"rebuild/{e}/pos/{self.s.rank}", json.dumps(self._position()))
-        kv.set(f"rebuild/{e}/prop/{self.s.rank}", json.dumps(prop.to_mapping()))
-        keys = [f"rebuild/{e}/prop/{r}" for r in range(self.s.world_size)]
-        try:
-            kv.wait(keys, datetime.timedelta(seconds=self.s.rebuild_timeout_s))
-        except Exception as ex:  # noqa: BLE001
-            missing = [r for r, k in enumerate(keys) if not kv.check([k])]
-            raise RuntimeError(f"ranks {missing} did not join rebuild epoch {e} within {self.s.rebuild_timeout_s:.0f} s "
-                               f"({str(ex).splitlines()[0][:120]})") from None
-        props = {r: agreement.Proposal.from_mapping(json.loads(kv.get(k))) for r, k in enumerate(keys)}
-        t_agree = time.monotonic_ns()
-        rails = list(self.s.rails)
-        if rails:
-            d = agreement.decide(props, rails, self.rail, keep_current=True, max_step_lag=1)
-        else:  # no rail map: rebuild where the group was
-            d = agreement.Decision("ok", min(p.step for p in props.values() if p.step is not None), None, "no rail map")
+        d, t_agree = self._agree(kv, e, req)
         if not d.ok:
             self.exit_fn(EXIT_MIGRATE if d.outcome == "no_rail" else EXIT_REBUILD_FAILED,
                          f"rebuild epoch {e}: {d.reason}")
@@ -518,6 +560,10 @@ class Controller:
             self.exit_fn(EXIT_NO_SPARE, f"rank {self.s.rank}: {why}; {reason}")
             return
         ho = {"kind": "device", "rank": self.s.rank, "spare": spare["id"], "src": None, "t_ns": t_ns}
+        try:  # its own RNG stream (host memory, captured at its last step boundary): see handover.own_rng
+            kv.set(f"handover/{e}/rng", handover.own_rng(self.tracker))
+        except Exception as ex:  # noqa: BLE001 - the spare then says it uses the replica's
+            log.warning("RNG states not left for the spare: %s", ex)
         kv.set(f"handover/{e}", json.dumps(ho))
         got = kv.compare_set(f"rebuild/{e}/req", "", json.dumps({"rank": self.s.rank, "trigger": "device_fault",
                                                                  "reason": why, "handover": ho}))

@@ -25,7 +25,10 @@ not initialised NCCL or CUDA.
 * ``handover/<e>/state/<i>``, ``handover/<e>/state/n``: the source's state, ``torch.save`` of
   ``{"modules", "optimizers", "schedulers", "rng", "position"}`` in chunks of
   :data:`CHUNK_BYTES`.  Through the store: fine for models up to a few hundred MB; larger ones
-  need a transfer over the rebuilt group (not built yet).
+  need a transfer over the rebuilt group (not built yet);
+* ``handover/<e>/rng``: for a device fault, the failed rank's own RNG states at its last step
+  boundary (host memory, so still readable), used when that boundary is the replica's: ranks
+  that seed differently (``manual_seed(seed + rank)``) draw other dropout masks.
 
 **The spare's replay.**  The spare runs the script from its first line with ``RANK`` set to the
 rank it takes.  Every process group it creates joins generation ``e`` at once
@@ -153,6 +156,15 @@ def _save(obj: Any, f) -> None:
     import torch
 
     getattr(torch.save, "__wrapped__", torch.save)(obj, f)  # the real torch.save, never the replay's
+
+
+def own_rng(tracker: Any) -> bytes:
+    """This rank's RNG states at its last step boundary, with the step (``torch.save`` bytes).
+    A rank whose device failed leaves them for its spare: the replica's would be another
+    stream when ranks seed differently (``torch.manual_seed(seed + rank)``, dropout masks)."""
+    buf = io.BytesIO()
+    _save({"steps": tracker.boundary_pos.get("steps"), "rng": tracker.boundary_rng}, buf)
+    return buf.getvalue()
 
 
 def put_state(kv: Any, e: int, data: bytes) -> None:
@@ -288,7 +300,8 @@ def run_spare(settings: Any, tracker: Any, controller: Any) -> None:
         t0 = time.monotonic_ns()
         try:
             data = get_state(kv, e, settings.rebuild_timeout_s)
-            _apply_state(data, tracker, a.rank, src)
+            rng = _own_rng_for(kv, e, ho, pos, a.rank)
+            _apply_state(data, tracker, a.rank, src, rng)
         except Exception as ex:  # noqa: BLE001 - one exit path, never a traceback into the script
             from torch_hooks.controller import EXIT_REBUILD_FAILED
 
@@ -389,7 +402,30 @@ def _redistribute_optimizer_state(opt: Any) -> None:
                     st[k] = DTensor.from_local(v.to(p.device), p.device_mesh, p.placements, run_check=False)
 
 
-def _apply_state(data: bytes, tracker: Any, rank: int, src: int) -> None:
+def _own_rng_for(kv: Any, e: int, ho: dict, pos: dict, rank: int) -> dict | None:
+    """The RNG states the replaced rank left for the step it resumes at (None: take the
+    source's, which is the rank itself for a latched hand-over)."""
+    if ho.get("kind") != "device":
+        return None
+    import torch
+
+    try:
+        if not kv.check([f"handover/{e}/rng"]):
+            raise KeyError("not written")
+        rec = torch.load(io.BytesIO(kv.get(f"handover/{e}/rng")), map_location="cpu", weights_only=False)
+    except Exception as ex:  # noqa: BLE001 - then the replica's, said loudly
+        rec = None
+        why = str(ex) or type(ex).__name__
+    else:
+        if rec.get("steps") == pos.get("steps"):
+            return rec.get("rng")
+        why = f"they are from step {rec.get('steps')}, the replica's state from step {pos.get('steps')}"
+    print(f"linkpass: WARNING: rank {rank}'s own RNG states are not usable ({why}); the spare goes on with the "
+          "replica's, which is the same stream only when every rank seeds alike", file=sys.stderr, flush=True)
+    return None
+
+
+def _apply_state(data: bytes, tracker: Any, rank: int, src: int, rng: dict | None = None) -> None:
     import torch
 
     from torch_hooks import tracker as tr
@@ -406,7 +442,7 @@ def _apply_state(data: bytes, tracker: Any, rank: int, src: int) -> None:
         _redistribute_optimizer_state(o)
     for s, sd in zip(tracker.schedulers, scheds):
         s.load_state_dict(sd)
-    tr.set_rng_state(blob.get("rng"))
+    tr.set_rng_state(rng if rng is not None else blob.get("rng"))
     tracker.ddp_bucket_replay = list(blob.get("ddp_bucket_syncs") or [])
     p = blob["position"]
     with tracker._lock:

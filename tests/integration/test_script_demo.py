@@ -27,6 +27,7 @@ torch = pytest.importorskip("torch")
 ROOT = Path(__file__).resolve().parents[2]
 DDP = ROOT / "examples" / "ddp_train.py"
 FSDP2 = ROOT / "examples" / "fsdp2_train.py"
+SEEDED = Path(__file__).resolve().parent / "scripts" / "ddp_dropout_seeded.py"
 # about 800 optimizer steps of a few ms: the spares (started with the job) are up well before
 # the fault at 30 % of the run
 DDP_ARGS = "--epochs 3 --samples 16384 --batch-size 32 --snapshot snapshot.pt"
@@ -48,9 +49,11 @@ def _demo(tmp_path, script: Path, args: str, scenario: str, *extra: str) -> tupl
     (DDP, DDP_ARGS, "rail-latched", (), "handover"),
     (DDP, DDP_ARGS, "device-fault", (), "handover"),
     (DDP, DDP_ARGS, "device-fault", ("--fault-host", "0"), "handover"),  # rank 0: torchrun's agent holds the store
+    # another style: a seed per rank with dropout, BatchNorm, no_sync accumulation, StepLR, clipping
+    (SEEDED, "", "device-fault", (), "handover"),
     (FSDP2, FSDP2_ARGS, "rail", (), "rebuilt"),
     (FSDP2, FSDP2_ARGS, "rail-latched", (), "handover"),
-], ids=["ddp-rail", "ddp-rail-latched", "ddp-device-fault", "ddp-device-fault-rank0", "fsdp2-rail", "fsdp2-rail-latched"])
+], ids=["ddp-rail", "ddp-rail-latched", "ddp-device-fault", "ddp-device-fault-rank0", "seeded-device-fault", "fsdp2-rail", "fsdp2-rail-latched"])
 def test_an_unmodified_script_trains_through_the_fault_with_the_fault_free_weights(tmp_path, script, args, scenario, extra,
                                                                                   kind):
     p, r = _demo(tmp_path, script, args, scenario, *extra)

@@ -192,3 +192,25 @@ def test_a_state_that_does_not_fit_the_spare_s_module_is_refused_with_what_diffe
         _copy_into(other, {"weight": torch.zeros(3, 4), "bias": good["bias"]})
     nested = _local_tree({"state": {0: {"exp_avg": torch.ones(2)}}, "param_groups": [{"lr": 0.1}]})
     assert torch.equal(nested["state"][0]["exp_avg"], torch.ones(2)) and nested["param_groups"] == [{"lr": 0.1}]
+
+
+def test_exec_no_daemon_tells_the_hook_and_a_worker_says_it_is_protected(tmp_path):
+    pytest.importorskip("torch")
+    script = tmp_path / "one.py"
+    script.write_text("import torch.distributed as dist\ndist.init_process_group('gloo')\ndist.barrier()\n"
+                      "dist.destroy_process_group()\n")
+    p = _exec(["--", sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "1", "--master-port",
+               str(_free_port()), str(script)], {"OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"})
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "linkpass: rank 0: process groups protected (linkpass_gloo; rails unknown; no daemon" in p.stderr
+    assert "no linkpass daemon at" not in p.stderr  # --no-daemon: the hook does not look for one
+
+
+def test_a_script_that_does_not_compile_is_refused_before_any_fabric(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("def f(:\n")
+    p = subprocess.run([sys.executable, "-m", "linkpass.cli", "demo", "--scenario", "rail", "--script", str(bad)],
+                       capture_output=True, text=True, timeout=60, cwd=ROOT)
+    if os.geteuid() != 0:
+        pytest.skip("the demo checks root first")
+    assert p.returncode == 2 and "bad.py: line 1" in p.stderr and "does not compile" in p.stderr, p.stderr

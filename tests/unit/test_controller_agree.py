@@ -1,0 +1,66 @@
+"""The controller's agreement rounds (torch_hooks.controller.Controller._agree), two ranks on a
+real in-memory store: a round with no rail every rank can use is asked again, with fresh
+proposals, until one comes back or the wait is over."""
+
+from __future__ import annotations
+
+import threading
+import time
+from types import SimpleNamespace
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.distributed as dist  # noqa: E402
+
+from torch_hooks import controller as ctl_mod  # noqa: E402
+from torch_hooks.controller import Controller, Settings  # noqa: E402
+from torch_hooks.tracker import Tracker  # noqa: E402
+
+
+def _notice(usable):
+    return SimpleNamespace(usable_common=frozenset(usable), affected_rails=frozenset({0}), unusable=frozenset())
+
+
+def _ranks(store, world=2):
+    out = []
+    for r in range(world):
+        c = Controller(Settings({"RANK": str(r), "WORLD_SIZE": str(world), "LINKPASS_RAIL_IFACES": "0=a,1=b",
+                                 "GLOO_SOCKET_IFNAME": "a", "LINKPASS_REBUILD_TIMEOUT_S": "20"}), Tracker())
+        c._kv_wait = dist.PrefixStore("linkpass/t", store)
+        c.client = SimpleNamespace(latest=_notice(()))  # rail 0 cut, rail 1 held down after a false alarm
+        out.append(c)
+    return out
+
+
+def _agree_all(ranks, e=1):
+    got = {}
+
+    def run(c):
+        got[c.s.rank] = c._agree(c._kv_wait, e, {"rank": 0, "trigger": "notice"})[0]
+
+    ts = [threading.Thread(target=run, args=(c,)) for c in ranks]
+    for t in ts:
+        t.start()
+    return ts, got
+
+
+def test_a_rail_that_comes_back_within_the_wait_is_taken_by_every_rank():
+    ranks = _ranks(dist.HashStore())
+    ts, got = _agree_all(ranks)
+    ranks[0]._kv_wait.wait(["rebuild/1/prop/0", "rebuild/1/prop/1"])
+    for c in ranks:  # the daemons replan: rail 1 usable everywhere again
+        c.client.latest = _notice({1})
+    for t in ts:
+        t.join(30)
+    assert [got[r].outcome for r in (0, 1)] == ["ok", "ok"] and got[0].rail == got[1].rail == 1
+
+
+def test_no_rail_for_the_whole_wait_ends_in_no_rail(monkeypatch):
+    monkeypatch.setattr(ctl_mod, "NO_RAIL_WAIT_S", 0.6)
+    ranks = _ranks(dist.HashStore())
+    ts, got = _agree_all(ranks)
+    for t in ts:
+        t.join(30)
+    assert [got[r].outcome for r in (0, 1)] == ["no_rail", "no_rail"]
+    assert "rail 1" in got[0].reason
