@@ -159,12 +159,32 @@ def _save(obj: Any, f) -> None:
 
 
 def own_rng(tracker: Any) -> bytes:
-    """This rank's RNG states at its last step boundary, with the step (``torch.save`` bytes).
-    A rank whose device failed leaves them for its spare: the replica's would be another
-    stream when ranks seed differently (``torch.manual_seed(seed + rank)``, dropout masks)."""
+    """This rank's RNG states for its spare (``torch.save`` bytes): at its last two step
+    boundaries (``by_step``), and now (``current``, CPU only: a failed GPU cannot be read), with
+    its last boundary (``steps``).  The replica's would be another stream when ranks seed
+    differently (``torch.manual_seed(seed + rank)``, dropout masks)."""
+    import torch
+
     buf = io.BytesIO()
-    _save({"steps": tracker.boundary_pos.get("steps"), "rng": tracker.boundary_rng}, buf)
+    _save({"steps": tracker.boundary_pos.get("steps"), "by_step": dict(tracker.rng_by_step),
+           "current": {"cpu": torch.get_rng_state()}}, buf)
     return buf.getvalue()
+
+
+def pick_rng(rec: dict, resume_step: int) -> tuple[dict | None, str]:
+    """The failed rank's RNG states for resuming after ``resume_step`` optimizer steps, and why.
+
+    * a boundary it kept for that step;
+    * its state now when the replica is exactly one step ahead of its last boundary: the replica
+      finished that step's collectives, so this rank had finished the step's forward and
+      backward (its random draws) and was only short of the optimizer step;
+    * else None (the caller says so and takes the replica's)."""
+    by_step = rec.get("by_step") or {}
+    if resume_step in by_step:
+        return by_step[resume_step], f"its own, at step {resume_step}"
+    if rec.get("steps") is not None and resume_step == rec["steps"] + 1 and rec.get("current"):
+        return rec["current"], f"its own, taken after the draws of step {resume_step}"
+    return None, f"they are from steps {sorted(by_step)}, the replica's state from step {resume_step}"
 
 
 def put_state(kv: Any, e: int, data: bytes) -> None:
@@ -417,9 +437,10 @@ def _own_rng_for(kv: Any, e: int, ho: dict, pos: dict, rank: int) -> dict | None
         rec = None
         why = str(ex) or type(ex).__name__
     else:
-        if rec.get("steps") == pos.get("steps"):
-            return rec.get("rng")
-        why = f"they are from step {rec.get('steps')}, the replica's state from step {pos.get('steps')}"
+        rng, why = pick_rng(rec, int(pos.get("steps") or 0))
+        if rng is not None:
+            print(f"linkpass: rank {rank} resumes with RNG states {why}", file=sys.stderr, flush=True)
+            return rng
     print(f"linkpass: WARNING: rank {rank}'s own RNG states are not usable ({why}); the spare goes on with the "
           "replica's, which is the same stream only when every rank seeds alike", file=sys.stderr, flush=True)
     return None

@@ -68,7 +68,10 @@ class Tracker:
         #: held by the training thread while an optimizer steps (pre-hook to post-hook) and by
         #: the controller while it reads the position and the state: they are then consistent
         self.step_lock = threading.Lock()
+        self._lock_held = False                   # the training thread holds step_lock
+        self._boundary_due = False                # an optimizer step since the last boundary
         self.boundary_rng: dict | None = None     # RNG states at the last step boundary
+        self.rng_by_step: dict[int, dict] = {}    # ... at the last two boundaries, by step
         self.boundary_pos = {"steps": 0, "epoch": None, "batch": 0}
         self._ff: dict | None = None              # fast-forward target of a joining spare
         #: what DDP's reducers received when they rebuilt their buckets (per rebuild, the
@@ -113,39 +116,62 @@ class Tracker:
             if not any(o is opt for o in self.optimizers):
                 self.optimizers.append(opt)
 
+    # The step boundary a spare resumes at is the first batch fetch after an optimizer step: by
+    # then the script has also stepped its LR schedulers, zeroed its gradients and, at an epoch's
+    # end, made the next epoch's loader iterator (which draws from the global RNG).  The training
+    # thread holds ``step_lock`` from the optimizer step to that fetch, so the controller reads
+    # the position, the state and the RNG either before the step or at the boundary, never in
+    # between.  Without a tracked DataLoader the boundary is the optimizer step itself.
+
     def on_step_start(self, opt: Any) -> None:
-        if self._primary is None or id(opt) == self._primary:
+        if (self._primary is None or id(opt) == self._primary) and not self._lock_held:
             self.step_lock.acquire()
+            self._lock_held = True
 
     def on_step(self, opt: Any) -> None:
+        counted = False
         try:
-            self._on_step(opt)
+            counted = self._on_step(opt)
         finally:
-            if self.step_lock.locked() and (self._primary is None or id(opt) == self._primary):
-                try:
-                    self.step_lock.release()
-                except RuntimeError:
-                    pass
+            if counted and self._lock_held and not self.position_known:
+                self._boundary(self.epoch, self.batch)
+        if counted:
+            self._after_step(self.steps)
 
-    def _on_step(self, opt: Any) -> None:
+    def _boundary(self, epoch: int | None, batch: int) -> None:
+        """Record the step boundary (position, RNG, groups' sequence numbers) and let the
+        controller in (training thread)."""
+        with self._lock:
+            steps = self.steps
+            self.boundary_pos = {"steps": steps, "epoch": epoch, "batch": batch}
+            self._boundary_due = False
+        self.boundary_rng = _rng_state()
+        self.rng_by_step = {k: v for k, v in self.rng_by_step.items() if k >= steps - 1}
+        self.rng_by_step[steps] = self.boundary_rng
+        for g in self._groups():
+            g.mark_step()
+        if self._lock_held:
+            self._lock_held = False
+            self.step_lock.release()
+
+    def _on_step(self, opt: Any) -> bool:
         with self._lock:
             if not any(o is opt for o in self.optimizers):
                 self.optimizers.append(opt)
             if self._primary is None:
                 self._primary = id(opt)
             if id(opt) != self._primary:
-                return
+                return False
             self.steps += 1
+            self._boundary_due = True
             now = time.monotonic_ns()
             if self.last_step_ns is not None and len(self.step_ms) < MAX_STEP_TIMES:
                 self.step_ms.append((now - self.last_step_ns) / 1e6)
                 self.step_end_ns.append(now)
             self.last_step_ns = now
-            steps = self.steps
-            self.boundary_pos = {"steps": steps, "epoch": self.epoch, "batch": self.batch}
-        self.boundary_rng = _rng_state()
-        for g in self._groups():
-            g.mark_step()
+        return True
+
+    def _after_step(self, steps: int) -> None:
         if self._progress:
             try:
                 with open(self._progress, "w") as f:
@@ -202,6 +228,8 @@ class Tracker:
         return False
 
     def on_batch(self, batch: Any, index: int) -> Any:
+        if self._boundary_due:
+            self._boundary(self.epoch, index)
         with self._lock:
             self.batch = index + 1
             self.position_known = True
