@@ -60,6 +60,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import re
 import os
 import shutil
 import signal
@@ -310,13 +311,12 @@ def _baseline_once(args, work: Path, port: int, fault_step: int | None) -> dict:
     out["steps_last_attempt"] = [_read_int(f) for f in prog]
     out["snapshot"] = str(work / "snapshot.pt")
     out["epoch_lines"] = sum(1 for ln in text.splitlines() if ln.startswith("[rank 0] epoch") and "steps" in ln)
-    per_epoch = [int(ln.split(":", 1)[1].split()[0]) for ln in text.splitlines()
-                 if ln.startswith("[rank 0] epoch") and ln.rstrip().endswith(tuple("0123456789")) and " steps, " in ln]
+    # ranks' prints can share a line (two processes, one pipe): match the pattern, not lines
+    per_epoch = [int(x) for x in re.findall(r"\[rank 0\] epoch \d+: (\d+) steps", text)]
     out["steps_per_epoch"] = per_epoch[0] if per_epoch else None
     if fault_step is not None:
         before = text.encode()[:log_size_at_kill].decode(errors="replace")
-        snaps = [int(ln.split("epoch", 1)[1].split(":", 1)[0]) for ln in before.splitlines()
-                 if ln.startswith("[rank 0] epoch") and "snapshot saved" in ln]
+        snaps = [int(x) for x in re.findall(r"\[rank 0\] epoch (\d+): snapshot saved", before)]
         out["snapshot_epoch_at_kill"] = max(snaps, default=0)
         out["resumed_from_snapshot"] = "resuming from snapshot" in text
     return out
