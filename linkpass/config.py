@@ -61,6 +61,15 @@ IN_EXAMPLE = {"in_example": True}
 HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
+def huge_number_text(e: ValueError) -> str:
+    """A reader's ValueError as one line for the user: Python's integer-digit limit is named as
+    what the input holds (its advice to call ``sys.set_int_max_str_digits`` is for programmers)."""
+    msg = str(e)
+    if "integer string conversion" in msg:
+        return "a number with more digits than any setting can use (Python reads integers of up to 4300 digits)"
+    return msg.split("; use sys.set_int_max_str_digits", 1)[0]
+
+
 def _ip_from_text(v: object) -> object:
     if not isinstance(v, str):
         raise ValueError(f"must be an IPv4 address in quotes, got {_got(v)}")
@@ -605,7 +614,7 @@ def parse_config(text: str, source: str = "<config>") -> Config:
     except MemoryError:
         raise ConfigError(f"{source}: cannot read: out of memory while parsing the TOML") from None
     except ValueError as e:  # an integer past Python's 4300-digit conversion limit (sys.set_int_max_str_digits)
-        raise ConfigError(f"{source}: cannot parse: {e}") from None
+        raise ConfigError(f"{source}: cannot parse: {huge_number_text(e)}") from None
     try:
         return Config.model_validate(raw)
     except ValidationError as e:

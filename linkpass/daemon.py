@@ -85,7 +85,9 @@ def parse_request(line: bytes) -> tuple[dict | None, str | None]:
     except RecursionError:
         return None, "request is JSON nested too deeply"
     except ValueError as e:  # e.g. an integer past Python's 4300-digit conversion limit
-        return None, f"request is JSON we cannot read ({e})"
+        from linkpass.config import huge_number_text
+
+        return None, f"request is JSON we cannot read ({huge_number_text(e)})"
     if not isinstance(req, dict):
         return None, 'request must be a JSON object such as {"cmd": "status"}'
     if not isinstance(req.get("cmd", "status"), str):

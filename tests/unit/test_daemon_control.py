@@ -55,10 +55,11 @@ class FakeClock:
     (b"[1, 2]\n", "JSON object"),
     (b'"status"\n', "JSON object"),
     (b'{"cmd": ["status"]}\n', '"cmd" must be a string'),
+    (b'{"cmd": ' + b"9" * 5000 + b"}\n", "more digits than any setting can use"),
 ])
 def test_bad_request_lines_give_one_line_reasons(line, needle):
     req, why = parse_request(line)
-    assert req is None and needle in why and "\n" not in why
+    assert req is None and needle in why and "\n" not in why and "set_int_max_str_digits" not in why
 
 
 def test_good_and_empty_request_lines():
