@@ -42,6 +42,16 @@ def cmd_run(args) -> int:
         return 0
 
 
+def _fault_host(text: str) -> int | str:
+    """``--fault-host``: a host index or ``all``."""
+    if text.strip().lower() == "all":
+        return "all"
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: a host index (0, 1, ...) or 'all'") from None
+
+
 def _socket_from_args(args) -> str:
     from linkpass.config import DEFAULT_CONTROL_SOCKET, load_config
 
@@ -240,9 +250,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="arguments for --script, one string (default for the example: %r)" % "--epochs 3 --samples 16384 "
                    "--batch-size 32 --snapshot snapshot.pt")
     d.add_argument("--spares", type=int, default=1, help="hot spares per host (device-fault scenario, default 1)")
-    d.add_argument("--fault-host", type=int, default=None,
-                   help="host whose rank loses its GPU (device-fault scenario; default the last host; 0 works too: the "
-                   "job's store runs in a process of its own)")
+    d.add_argument("--fault-host", type=_fault_host, default=None, metavar="N|all",
+                   help="host whose rail is cut or whose rank loses its GPU (default the last host; 0 works too: the "
+                   "job's store runs in a process of its own); 'all' (rail scenarios): the rail is cut on every host "
+                   "at once, as when the rail's switch fails")
     d.add_argument("--keep-logs", action="store_true", help="keep the work directory (daemon and trainer logs) after a successful run")
     d.set_defaults(func=cmd_demo)
     return p

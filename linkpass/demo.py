@@ -331,6 +331,8 @@ def main(args) -> int:
                                       scenario, args.hosts, args.rails, args.name, args.mode, spares=getattr(args, "spares", 1),
                                       fault_host=getattr(args, "fault_host", None))
     elif scenario == "guard-device-fault":
+        if getattr(args, "fault_host", None) == "all":
+            raise DemoError("--fault-host all: only for the rail scenarios (rail, rail-latched)", 2)
         demo = DeviceFaultDemo(args.hosts, args.rails, args.steps, args.name, args.mode, spares=getattr(args, "spares", 1),
                                fault_host=getattr(args, "fault_host", None))
     else:

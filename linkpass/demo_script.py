@@ -52,7 +52,7 @@ class ScriptDemo(RebuildDemo):
     """See the module docstring."""
 
     def __init__(self, script: str, script_args: str, scenario: str, hosts: int, rails: int, name: str, mode: str,
-                 spares: int = 1, fault_host: int | None = None, log=print):
+                 spares: int = 1, fault_host: int | str | None = None, log=print):
         if scenario not in SCENARIOS:
             raise DemoError(f"--scenario for --script must be one of {', '.join(SCENARIOS)}", 2)
         p = Path(script)
@@ -76,9 +76,16 @@ class ScriptDemo(RebuildDemo):
         self.script = str(p.resolve())
         self.scenario = scenario
         self.spares = spares if scenario != "rail" else 0
-        self.fault_host = hosts - 1 if fault_host is None else fault_host
-        if not 0 <= self.fault_host < hosts:
-            raise DemoError(f"--fault-host must be 0..{hosts - 1}", 2)
+        if fault_host == "all":
+            if scenario == "device-fault":
+                raise DemoError("--fault-host all: only for the rail scenarios (rail, rail-latched)", 2)
+            self.fault_hosts = list(range(hosts))
+        else:
+            h = hosts - 1 if fault_host is None else fault_host
+            if not isinstance(h, int) or not 0 <= h < hosts:
+                raise DemoError(f"--fault-host must be 0..{hosts - 1} or all", 2)
+            self.fault_hosts = [h]
+        self.fault_host = self.fault_hosts[-1]  # the host whose progress times the fault
         if scenario != "rail" and spares < 1:
             raise DemoError(f"--scenario {scenario} needs --spares 1 or more", 2)
 
@@ -191,12 +198,15 @@ class ScriptDemo(RebuildDemo):
             fault = {"host": fault_host, "gpu": 0, "xid": 79, "step_at_fault": step_at_fault}
             self.log(f"injected Xid 79 on h{fault_host} GPU 0 at step {step_at_fault}")
         else:
-            t_fault = fab.cut(self.name, fault_host, self.PG_RAIL, self.mode)["t_issued_ns"]
-            fault = {"host": fault_host, "rail": self.PG_RAIL, "mode": self.mode, "step_at_fault": step_at_fault}
-            self.log(f"cut rail {self.PG_RAIL} of h{fault_host} ({self.mode}) at step {step_at_fault}")
+            t_fault = min(fab.cut(self.name, h, self.PG_RAIL, self.mode)["t_issued_ns"] for h in self.fault_hosts)
+            fault = {"host": fault_host if len(self.fault_hosts) == 1 else "all", "hosts": self.fault_hosts,
+                     "rail": self.PG_RAIL, "mode": self.mode, "step_at_fault": step_at_fault}
+            self.log(f"cut rail {self.PG_RAIL} of {', '.join(f'h{h}' for h in self.fault_hosts)} ({self.mode}) at step "
+                     f"{step_at_fault}")
         res = self._wait_all("faulted")
         if self.scenario != "device-fault":
-            fab.heal(self.name, fault_host, self.PG_RAIL)
+            for h in self.fault_hosts:
+                fab.heal(self.name, h, self.PG_RAIL)
         return self._summary(ref, res, steps, fault, t_fault)
 
     def _summary(self, ref: list[dict], res: list[dict], steps: int, fault: dict, t_fault: int) -> dict:

@@ -431,7 +431,7 @@ class Controller:
             src = handover.source_rank({r: json.loads(kv.get(f"rebuild/{e}/pos/{r}")) for r in survivors})
             if src == self.s.rank:
                 data = handover.capture_state(self.tracker)
-                handover.put_state(kv, e, data)
+                handover.put_state(kv, e, ho["rank"], data)
                 log.warning("linkpass: rank %d: state (%d bytes) sent to the spare taking rank %d", self.s.rank, len(data),
                             ho["rank"])
         latched = any(g.latched for g in self.groups)
@@ -519,9 +519,9 @@ class Controller:
                          "linkpass exec --spares N)")
             return
         data = handover.capture_state(self.tracker)
-        kv.set(f"handover/{e}", json.dumps({"kind": "latched", "rank": self.s.rank, "spare": spare["id"],
+        kv.set(f"handover/{e}/{self.s.rank}", json.dumps({"kind": "latched", "rank": self.s.rank, "spare": spare["id"],
                                             "src": self.s.rank, "t_ns": time.monotonic_ns()}))
-        handover.put_state(kv, e, data)
+        handover.put_state(kv, e, self.s.rank, data)
         self._assign(kv, e, spare, d.rail, why)
         log.warning("linkpass: rank %d hands over to spare %s (pid %s) on rail %s: %s", self.s.rank, spare["id"],
                     spare.get("pid"), d.rail, why)
@@ -561,10 +561,10 @@ class Controller:
             return
         ho = {"kind": "device", "rank": self.s.rank, "spare": spare["id"], "src": None, "t_ns": t_ns}
         try:  # its own RNG stream (host memory, captured at its last step boundary): see handover.own_rng
-            kv.set(f"handover/{e}/rng", handover.own_rng(self.tracker))
+            kv.set(f"handover/{e}/{self.s.rank}/rng", handover.own_rng(self.tracker))
         except Exception as ex:  # noqa: BLE001 - the spare then says it uses the replica's
             log.warning("RNG states not left for the spare: %s", ex)
-        kv.set(f"handover/{e}", json.dumps(ho))
+        kv.set(f"handover/{e}/{self.s.rank}", json.dumps(ho))
         got = kv.compare_set(f"rebuild/{e}/req", "", json.dumps({"rank": self.s.rank, "trigger": "device_fault",
                                                                  "reason": why, "handover": ho}))
         if json.loads(got).get("handover") != ho:

@@ -14,7 +14,7 @@ not initialised NCCL or CUDA.
 
 **Hand-over** (epoch ``e`` of the controller, keys under ``linkpass/<job>/``):
 
-* ``handover/<e>``: ``{"kind": "latched"|"device", "rank", "spare", "src"}``: who is replaced,
+* ``handover/<e>/<rank>``: ``{"kind": "latched"|"device", "rank", "spare", "src"}``: rank is replaced,
   by which spare, and whose state it takes (``src``: the rank itself when it hands over because
   its rail latched, its process being healthy; for a device fault, the surviving rank with the
   lowest step, a replica: DDP keeps every rank's parameters and optimizer state equal);
@@ -22,11 +22,13 @@ not initialised NCCL or CUDA.
   proposal while its optimizer cannot step (the tracker's ``step_lock``): ``steps``, ``epoch``,
   ``batch`` (batches of that epoch consumed), ``boundary_seqs`` (per group, the first
   collective after the boundary);
-* ``handover/<e>/state/<i>``, ``handover/<e>/state/n``: the source's state, ``torch.save`` of
+* ``handover/<e>/<rank>/state/<i>``, ``handover/<e>/<rank>/state/n``: the state for the spare
+  taking ``rank`` (several ranks may hand over in one epoch: a rail's switch failing on every
+  host; sharded ranks each need their own), ``torch.save`` of
   ``{"modules", "optimizers", "schedulers", "rng", "position"}`` in chunks of
   :data:`CHUNK_BYTES`.  Through the store: fine for models up to a few hundred MB; larger ones
   need a transfer over the rebuilt group (not built yet);
-* ``handover/<e>/rng``: for a device fault, the failed rank's own RNG states at its last step
+* ``handover/<e>/<rank>/rng``: for a device fault, the failed rank's own RNG states at its last step
   boundary (host memory, so still readable), used when that boundary is the replica's: ranks
   that seed differently (``manual_seed(seed + rank)``) draw other dropout masks.
 
@@ -187,17 +189,20 @@ def pick_rng(rec: dict, resume_step: int) -> tuple[dict | None, str]:
     return None, f"they are from steps {sorted(by_step)}, the replica's state from step {resume_step}"
 
 
-def put_state(kv: Any, e: int, data: bytes) -> None:
+def put_state(kv: Any, e: int, rank: int, data: bytes) -> None:
+    """The state for the spare that takes ``rank`` in epoch ``e``, in chunks of :data:`CHUNK_BYTES`
+    (the count written last: a reader that sees it sees every chunk)."""
     n = max(1, (len(data) + CHUNK_BYTES - 1) // CHUNK_BYTES)
     for i in range(n):
-        kv.set(f"handover/{e}/state/{i}", data[i * CHUNK_BYTES:(i + 1) * CHUNK_BYTES])
-    kv.set(f"handover/{e}/state/n", str(n))
+        kv.set(f"handover/{e}/{rank}/state/{i}", data[i * CHUNK_BYTES:(i + 1) * CHUNK_BYTES])
+    kv.set(f"handover/{e}/{rank}/state/n", str(n))
 
 
-def get_state(kv: Any, e: int, timeout_s: float) -> bytes:
-    kv.wait([f"handover/{e}/state/n"], datetime.timedelta(seconds=timeout_s))
-    n = int(kv.get(f"handover/{e}/state/n"))
-    return b"".join(kv.get(f"handover/{e}/state/{i}") for i in range(n))
+def get_state(kv: Any, e: int, rank: int, timeout_s: float) -> bytes:
+    """What :func:`put_state` wrote for ``rank``; waits up to ``timeout_s`` for it."""
+    kv.wait([f"handover/{e}/{rank}/state/n"], datetime.timedelta(seconds=timeout_s))
+    n = int(kv.get(f"handover/{e}/{rank}/state/n"))
+    return b"".join(kv.get(f"handover/{e}/{rank}/state/{i}") for i in range(n))
 
 
 def become_proxy(spare_pid: int, spare_id: int, code_if_lost: int = 1) -> None:
@@ -276,7 +281,7 @@ def run_spare(settings: Any, tracker: Any, controller: Any) -> None:
         os._exit(0)
     t_assigned = time.monotonic_ns()
     kv = dist.PrefixStore(f"linkpass/{settings.job}", sp.store)
-    ho = json.loads(kv.get(f"handover/{a.epoch}"))
+    ho = json.loads(kv.get(f"handover/{a.epoch}/{a.rank}"))
     os.environ["RANK"] = str(a.rank)
     iface = settings.rails.get(a.rail) if a.rail is not None else None
     if iface:
@@ -319,7 +324,7 @@ def run_spare(settings: Any, tracker: Any, controller: Any) -> None:
     def on_live() -> None:
         t0 = time.monotonic_ns()
         try:
-            data = get_state(kv, e, settings.rebuild_timeout_s)
+            data = get_state(kv, e, a.rank, settings.rebuild_timeout_s)
             rng = _own_rng_for(kv, e, ho, pos, a.rank)
             _apply_state(data, tracker, a.rank, src, rng)
         except Exception as ex:  # noqa: BLE001 - one exit path, never a traceback into the script
@@ -430,9 +435,9 @@ def _own_rng_for(kv: Any, e: int, ho: dict, pos: dict, rank: int) -> dict | None
     import torch
 
     try:
-        if not kv.check([f"handover/{e}/rng"]):
+        if not kv.check([f"handover/{e}/{rank}/rng"]):
             raise KeyError("not written")
-        rec = torch.load(io.BytesIO(kv.get(f"handover/{e}/rng")), map_location="cpu", weights_only=False)
+        rec = torch.load(io.BytesIO(kv.get(f"handover/{e}/{rank}/rng")), map_location="cpu", weights_only=False)
     except Exception as ex:  # noqa: BLE001 - then the replica's, said loudly
         rec = None
         why = str(ex) or type(ex).__name__

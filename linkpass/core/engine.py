@@ -259,6 +259,8 @@ class Engine:
         self.peer_usable[ev.peer] = ev.usable
         self._record("peer_rails", now_ns, {"peer": ev.peer, "usable": sorted(ev.usable), "was": None if old is None else sorted(old), "peer_generation": ev.generation})
         log.info("peer %s: usable rails %s -> %s", ev.peer, None if old is None else sorted(old), sorted(ev.usable))
+        # the peer's own fault explains (or stops explaining) its paths' silence on that rail
+        self._reverdict(ev.t_ns, now_ns)
         return self._replan(now_ns, f"peer {ev.peer} rails changed")
 
     def _on_applied(self, ev: RoutesApplied) -> list[Action]:
@@ -395,6 +397,15 @@ class Engine:
         if self._avoided_paths(now_ns) != self._plan_path_down:
             changed = True
         # every rail's verdict: one path's change can turn a peer into evidence for other rails
+        if self._reverdict(ev.t_ns, now_ns):
+            changed = True
+        if not changed or not self.synced:
+            return []
+        return self._replan(now_ns, f"probes on rail {ev.rail}")
+
+    def _reverdict(self, event_ns: int, now_ns: int) -> bool:
+        """Re-judge every rail by its probes (:meth:`_probe_verdict`); True if one changed."""
+        changed = False
         for rid in sorted(self.rails):
             why = self._probe_verdict(rid, now_ns)
             if why == self.probe_failed.get(rid) or (why is not None and rid in self.probe_failed):
@@ -403,11 +414,15 @@ class Engine:
                 del self.probe_failed[rid]
             else:
                 self.probe_failed[rid] = why
-            self._eval_rail(rid, ev.t_ns, now_ns)
+            self._eval_rail(rid, event_ns, now_ns)
             changed = True
-        if not changed or not self.synced:
-            return []
-        return self._replan(now_ns, f"probes on rail {ev.rail}")
+        return changed
+
+    def _peer_explains(self, p: PathHealth) -> bool:
+        """The peer announced (``peer_rails``) that its own end of this path's rail is unusable:
+        the path's silence is that fault, no evidence about our end of the rail."""
+        pu = self.peer_usable.get(p.peer)
+        return pu is not None and p.rail not in pu
 
     def _path_counts(self, p: PathHealth) -> bool:
         """A DOWN path is evidence against its rail only while the peer answers on another rail:
@@ -463,7 +478,7 @@ class Engine:
         """
         pc = self.cfg.probe
         on_rail = [p for (r, _), p in self.paths.items()
-                   if r == rid and p.state != PathState.UNKNOWN and self._fresh(p, now_ns)]
+                   if r == rid and p.state != PathState.UNKNOWN and self._fresh(p, now_ns) and not self._peer_explains(p)]
         down = sum(1 for p in on_rail if self._path_counts(p))
         silent = sum(1 for p in on_rail if p.state == PathState.DOWN and not self._path_counts(p))
         evidence = len(on_rail) - silent

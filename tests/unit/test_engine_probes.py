@@ -5,7 +5,7 @@ from __future__ import annotations
 from unit_helpers import make_cfg, snapshot
 
 from linkpass.core.engine import Engine
-from linkpass.core.model import ApplyRoutes, ProbeLoss, ProbeResult, SendNotice, Tick
+from linkpass.core.model import ApplyRoutes, PeerRails, ProbeLoss, ProbeResult, SendNotice, Tick
 
 MS = 1_000_000
 
@@ -68,6 +68,43 @@ def test_all_peers_down_fails_the_rail_and_it_fails_back_after_hold_down():
     assert deadline == t + 100 * MS
     acts = e.handle(Tick(deadline), deadline)
     assert e.rails[0].state.value == "UP" and any(isinstance(a, SendNotice) and a.usable == frozenset({0, 1}) for a in acts)
+
+
+def _down_on_rail0(e, cfg, t, peers):
+    for _ in range(cfg.probe.detect_multiplier):
+        t += 10 * MS
+        for peer in peers:
+            probe(e, t, 0, peer, False)
+            probe(e, t, 1, peer, True)
+    return t
+
+
+def test_a_peer_that_announced_its_own_rail_down_explains_the_silence_on_it():
+    # two hosts: one peer per rail, so the path alone cannot tell the ends apart; the peer's
+    # notice (its carrier went) says which end failed, and ours stays in use
+    cfg, e, _ = engine(1)
+    probe(e, 0, 0, "h1", True)
+    probe(e, 0, 1, "h1", True)
+    e.handle(PeerRails("h1", frozenset({1}), 2, 1, 1), 1 * MS)
+    _down_on_rail0(e, cfg, 1 * MS, ["h1"])
+    assert e.paths[(0, "h1")].state.value == "DOWN"
+    assert e.rails[0].state.value == "UP"
+    assert e.local_usable() == frozenset({0, 1})
+
+
+def test_without_the_peers_word_one_silent_peer_fails_the_rail_and_its_notice_clears_it():
+    cfg, e, _ = engine(1)
+    probe(e, 0, 0, "h1", True)
+    probe(e, 0, 1, "h1", True)
+    t = _down_on_rail0(e, cfg, 0, ["h1"])
+    assert e.rails[0].state.value == "DOWN" and "1/1 peers unreachable" in e.rails[0].reason
+    # the notice arrives late: our end is not the one at fault; back through hold-down
+    e.handle(PeerRails("h1", frozenset({1}), 2, 1, 1), t + MS)
+    assert e.rails[0].state.value == "HOLD_DOWN"
+    assert 0 not in e.probe_failed
+    # and a notice that clears the peer's rail while the path is still silent fails ours again
+    e.handle(PeerRails("h1", frozenset({0, 1}), 3, 2, 1), t + 2 * MS)
+    assert e.rails[0].state.value == "DOWN"
 
 
 def test_probe_results_without_change_do_nothing():
