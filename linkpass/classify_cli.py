@@ -144,6 +144,9 @@ def cmd_classify(args) -> int:
         return 2
     if result.skipped:
         print(f"{PROG}: skipped {len(result.skipped)} unreadable line(s) (first: line {result.skipped[0]})", file=sys.stderr)
+    if result.error:  # the classifier failed: say so, never print "no incidents"
+        print(f"{PROG}: the classifier failed, no reading given: {result.error}", file=sys.stderr)
+        return 1
     if args.json:
         for inc in result.incidents:
             print(json.dumps(inc.to_json()))

@@ -357,11 +357,16 @@ class KmsgFollower:
             self._next += 1
         window = list(self._window)
         try:
-            incs = classify_report([w.text for w in window], self.topology).incidents
+            rep = classify_report([w.text for w in window], self.topology)
         except Exception:  # a classifier bug costs this batch, never the daemon
             self.counters["classify_errors"] += 1
             log.exception("classifier failed on a kernel-log batch; batch dropped")
             return []
+        if rep.error:
+            self.counters["classify_errors"] += 1
+            log.error("classifier failed on a kernel-log batch of %d line(s) (%s); batch dropped", len(window), rep.error)
+            return []
+        incs = rep.incidents
         out = []
         for inc in incs:
             fresh = [window[n - 1] for n in (inc.lines or (inc.first_line,)) if 1 <= n <= len(window) and window[n - 1].n >= start]
