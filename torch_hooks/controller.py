@@ -560,10 +560,9 @@ class Controller:
             self.exit_fn(EXIT_NO_SPARE, f"rank {self.s.rank}: {why}; {reason}")
             return
         ho = {"kind": "device", "rank": self.s.rank, "spare": spare["id"], "src": None, "t_ns": t_ns}
-        try:  # its own RNG stream (host memory, captured at its last step boundary): see handover.own_rng
-            kv.set(f"handover/{e}/{self.s.rank}/rng", handover.own_rng(self.tracker))
-        except Exception as ex:  # noqa: BLE001 - the spare then says it uses the replica's
-            log.warning("RNG states not left for the spare: %s", ex)
+        # from here this rank's optimizer cannot step (the lock is never given back: the process
+        # becomes the proxy), so the replica ends at most one step past this rank's boundary
+        self.tracker.step_lock.acquire(timeout=STEP_LOCK_S)
         kv.set(f"handover/{e}/{self.s.rank}", json.dumps(ho))
         got = kv.compare_set(f"rebuild/{e}/req", "", json.dumps({"rank": self.s.rank, "trigger": "device_fault",
                                                                  "reason": why, "handover": ho}))
@@ -572,11 +571,36 @@ class Controller:
                          "for another reason: two faults at once")
             return
         self._assign(kv, e, spare, self.rail, why)
+        self._leave_rng(kv, e)
         log.error("linkpass: rank %d: %s; spare %s (pid %s) takes the rank over", self.s.rank, why, spare["id"],
                   spare.get("pid"))
         if self.client is not None:
             self.client.report("handover", epoch=e, spare=int(spare["id"]), reason=why[:200])
         handover.become_proxy(int(spare["pid"]), int(spare["id"]))
+
+    def _leave_rng(self, kv, e: int) -> None:
+        """This rank's own RNG states for its spare (:func:`handover.own_rng`), written once the
+        survivors stopped at the step the spare resumes at (their positions in the store): when
+        the replica finished one step more than this rank's boundary, this rank's training
+        thread reaches that optimizer step (held by the step lock) and leaves its state there."""
+        from torch_hooks import handover
+
+        resume = None
+        try:
+            keys = [f"rebuild/{e}/pos/{r}" for r in range(self.s.world_size) if r != self.s.rank]
+            self._kv_wait.wait(keys, datetime.timedelta(seconds=min(self.s.rebuild_timeout_s, handover.RNG_WAIT_S)))
+            pos = {int(k.rsplit("/", 1)[1]): json.loads(self._kv_wait.get(k)) for k in keys}
+            resume = int(pos[handover.source_rank(pos)]["steps"])
+        except Exception as ex:  # noqa: BLE001 - then whatever this rank has
+            log.warning("the survivors' positions were not read (%s); RNG states left as they are", ex)
+        deadline = time.monotonic() + STEP_LOCK_S
+        while (resume is not None and resume == self.tracker.boundary_pos.get("steps", 0) + 1
+               and resume not in self.tracker.rng_pre_step and time.monotonic() < deadline):
+            time.sleep(0.005)  # the training thread is finishing that step's backward
+        try:
+            kv.set(f"handover/{e}/{self.s.rank}/rng", handover.own_rng(self.tracker))
+        except Exception as ex:  # noqa: BLE001 - the spare then says it uses the replica's
+            log.warning("RNG states not left for the spare: %s", ex)
 
     def propose_as_spare(self, kv, e: int) -> None:
         """A spare taking over a rank whose device failed: its proposal (no step: it takes a

@@ -162,14 +162,13 @@ def _save(obj: Any, f) -> None:
 
 def own_rng(tracker: Any) -> bytes:
     """This rank's RNG states for its spare (``torch.save`` bytes): at its last two step
-    boundaries (``by_step``), and now (``current``, CPU only: a failed GPU cannot be read), with
-    its last boundary (``steps``).  The replica's would be another stream when ranks seed
-    differently (``torch.manual_seed(seed + rank)``, dropout masks)."""
-    import torch
-
+    boundaries (``by_step``) and when its latest optimizer step was about to run (``pre_step``,
+    after that step's forward and backward), with its last boundary (``steps``).  The replica's
+    would be another stream when ranks seed differently (``torch.manual_seed(seed + rank)``,
+    dropout masks).  Host memory only: read after a GPU failed."""
     buf = io.BytesIO()
     _save({"steps": tracker.boundary_pos.get("steps"), "by_step": dict(tracker.rng_by_step),
-           "current": {"cpu": torch.get_rng_state()}}, buf)
+           "pre_step": dict(tracker.rng_pre_step)}, buf)
     return buf.getvalue()
 
 
@@ -177,16 +176,23 @@ def pick_rng(rec: dict, resume_step: int) -> tuple[dict | None, str]:
     """The failed rank's RNG states for resuming after ``resume_step`` optimizer steps, and why.
 
     * a boundary it kept for that step;
-    * its state now when the replica is exactly one step ahead of its last boundary: the replica
-      finished that step's collectives, so this rank had finished the step's forward and
-      backward (its random draws) and was only short of the optimizer step;
+    * when the replica is one step ahead of its last boundary, its state as that optimizer step
+      was about to run: the replica finished the step's collectives, so this rank had finished
+      the step's forward and backward (its random draws) and was only short of the optimizer
+      step (which draws nothing);
     * else None (the caller says so and takes the replica's)."""
     by_step = rec.get("by_step") or {}
+    pre = rec.get("pre_step") or {}
     if resume_step in by_step:
         return by_step[resume_step], f"its own, at step {resume_step}"
-    if rec.get("steps") is not None and resume_step == rec["steps"] + 1 and rec.get("current"):
-        return rec["current"], f"its own, taken after the draws of step {resume_step}"
-    return None, f"they are from steps {sorted(by_step)}, the replica's state from step {resume_step}"
+    if rec.get("steps") is not None and resume_step == rec["steps"] + 1 and resume_step in pre:
+        return pre[resume_step], f"its own, taken after the draws of step {resume_step}"
+    return None, (f"they are from steps {sorted(by_step)} (and before optimizer step {sorted(pre)}), the replica's "
+                  f"state from step {resume_step}")
+
+
+#: seconds a spare waits for the RNG states of the rank it replaces (then it takes the replica's)
+RNG_WAIT_S = 15.0
 
 
 def put_state(kv: Any, e: int, rank: int, data: bytes) -> None:
@@ -435,8 +441,8 @@ def _own_rng_for(kv: Any, e: int, ho: dict, pos: dict, rank: int) -> dict | None
     import torch
 
     try:
-        if not kv.check([f"handover/{e}/{rank}/rng"]):
-            raise KeyError("not written")
+        # the replaced rank writes them once the survivors stopped (it may have died meanwhile)
+        kv.wait([f"handover/{e}/{rank}/rng"], datetime.timedelta(seconds=RNG_WAIT_S))
         rec = torch.load(io.BytesIO(kv.get(f"handover/{e}/{rank}/rng")), map_location="cpu", weights_only=False)
     except Exception as ex:  # noqa: BLE001 - then the replica's, said loudly
         rec = None

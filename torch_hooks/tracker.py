@@ -72,6 +72,9 @@ class Tracker:
         self._boundary_due = False                # an optimizer step since the last boundary
         self.boundary_rng: dict | None = None     # RNG states at the last step boundary
         self.rng_by_step: dict[int, dict] = {}    # ... at the last two boundaries, by step
+        #: RNG states when the optimizer step N is about to run ({N: states}, the latest only):
+        #: after step N's forward and backward drew their random numbers, before the boundary
+        self.rng_pre_step: dict[int, dict] = {}
         self.boundary_pos = {"steps": 0, "epoch": None, "batch": 0}
         self._ff: dict | None = None              # fast-forward target of a joining spare
         #: what DDP's reducers received when they rebuilt their buckets (per rebuild, the
@@ -125,6 +128,9 @@ class Tracker:
 
     def on_step_start(self, opt: Any) -> None:
         if (self._primary is None or id(opt) == self._primary) and not self._lock_held:
+            # taken before the lock: a controller holding it (a device hand-over) keeps this
+            # rank here, and a replica that finished this step resumes the spare from this state
+            self.rng_pre_step = {self.steps + 1: _rng_state()}
             self.step_lock.acquire()
             self._lock_held = True
 

@@ -219,10 +219,12 @@ def test_a_script_that_does_not_compile_is_refused_before_any_fabric(tmp_path):
 def test_the_spare_s_rng_is_the_failed_rank_s_own_when_it_can_be():
     from torch_hooks.handover import pick_rng
 
-    rec = {"steps": 248, "by_step": {247: "s247", 248: "s248"}, "current": "now"}
+    rec = {"steps": 248, "by_step": {247: "s247", 248: "s248"}, "pre_step": {249: "pre249"}}
     assert pick_rng(rec, 248)[0] == "s248"
     assert pick_rng(rec, 247)[0] == "s247"
-    assert pick_rng(rec, 249)[0] == "now"      # the replica one step ahead: the rank had drawn
+    assert pick_rng(rec, 249)[0] == "pre249"   # the replica one step ahead: the rank had drawn
     rng, why = pick_rng(rec, 251)
     assert rng is None and "251" in why
+    # the rank never reached optimizer step 249: its draws for it are unknown
+    assert pick_rng({"steps": 248, "by_step": {248: "s248"}, "pre_step": {248: "pre248"}}, 249)[0] is None
     assert pick_rng({"steps": None}, 3)[0] is None
