@@ -37,7 +37,7 @@ def roots(incidents: list[dict]) -> list[dict]:
 
 def test_every_log_in_the_corpus_is_copied_with_its_source_line():
     on_disk = sorted(f"{d}/{p.name}" for d in ("kernel_logs", "nccl_errors") for p in (CORPUS / d).iterdir())
-    assert on_disk == LOGS and len(LOGS) == 27
+    assert on_disk == LOGS and len(LOGS) == 34
     for rel in LOGS:
         assert corpus_lines(rel)[0].startswith("# source: "), rel
 
@@ -62,7 +62,8 @@ def test_incident_shape(rel):
     incs = classify(lines)
     for n, i in enumerate(incs):
         j = i.to_json()
-        assert list(j) == ["domain", "device", "code", "action", "remedy", "secondary_of", "first_line", "last_line"]
+        assert list(j) == ["domain", "device", "code", "action", "remedy", "secondary_of", "first_line", "last_line", "known"]
+        assert j["known"] is True
         assert j["domain"] in DOMAINS and j["action"] in ACTIONS and j["remedy"] in REMEDIES
         assert 1 <= j["first_line"] <= j["last_line"] <= len(lines)
         if j["secondary_of"] is not None:

@@ -16,7 +16,7 @@ CORPUS = Path(__file__).resolve().parents[1] / "fixtures" / "corpus"
 GB200 = CORPUS / "kernel_logs" / "gpud_gb200_xid149_nvlink5_xid154_recovery_action.log"
 ROCE = CORPUS / "kernel_logs" / "roce_bond_slave_mlx5_3_flapping_sxid22013.log"
 LIT = CORPUS / "nccl_errors" / "litllama380_port_error_all_ranks_node48_then_remote_error12.log"
-FIELDS = ["domain", "device", "code", "action", "remedy", "secondary_of", "first_line", "last_line"]
+FIELDS = ["domain", "device", "code", "action", "remedy", "secondary_of", "first_line", "last_line", "known"]
 
 
 def run_cli(argv, capsys, stdin: bytes | None = None, monkeypatch=None):
@@ -33,7 +33,7 @@ def test_json_lines(capsys):
     rows = [json.loads(x) for x in out.splitlines()]
     assert len(rows) == 6 and all(list(r) == FIELDS for r in rows)
     assert rows[0] == {"domain": "nvlink", "device": "0009:01:00.0", "code": "xid:149", "action": "migrate-rank",
-                       "remedy": "drain-node", "secondary_of": None, "first_line": 2, "last_line": 7}
+                       "remedy": "drain-node", "secondary_of": None, "first_line": 2, "last_line": 7, "known": True}
 
 
 def test_table_exit_0_with_faults(capsys):

@@ -71,12 +71,15 @@ class Incident:
     count: int = 1
     summary: str = ""
     lines: tuple[int, ...] = ()
+    known: bool = True
 
     def to_json(self) -> dict:
-        """Exactly the issue's fields."""
+        """The issue's fields, then ``known``: False when the line is of a known family but its
+        code is in none of the family's tables (an unknown Xid number, an unknown AER error
+        name): the reading then comes from the family's rules alone."""
         return {"domain": self.domain, "device": self.device, "code": self.code, "action": self.action,
                 "remedy": self.remedy, "secondary_of": self.secondary_of, "first_line": self.first_line,
-                "last_line": self.last_line}
+                "last_line": self.last_line, "known": self.known}
 
 
 @dataclass
@@ -116,6 +119,7 @@ class Inc:
     parent: "Inc | None" = None
     dropped: bool = False
     own: bool = True  # keeps its own domain when made a secondary
+    known: bool = True  # the code is in the family's tables (see Incident.known)
     occ: list[int] = field(default_factory=list)  # lines of the events that are this incident happening (again)
 
     @property

@@ -259,5 +259,6 @@ class Builder(*(fam.Rules for fam in FAMILIES)):
         for i in roots + secs:
             out.append(Incident(i.domain, i.device, i.code, i.action, i.remedy,
                                 pos[id(i.parent)] if i.parent is not None else None,
-                                i.first, max(i.last, max(i.lines)), len(i.lines), i.summary, tuple(sorted(i.occ or i.lines))))
+                                i.first, max(i.last, max(i.lines)), len(i.lines), i.summary, tuple(sorted(i.occ or i.lines)),
+                                i.known))
         return out
