@@ -116,6 +116,9 @@ AER_ERROR_CLASS: dict[str, str] = {
     **{n: "uncorrectable" for names in UNCORRECTABLE_ERRORS.values() for n in names},
 }
 
+#: what __aer_print_error prints for a set status bit that has no name in its table
+UNKNOWN_BIT = "Unknown Error Bit"
+
 #: uncorrectable errors that mean the link to the device below is gone
 LINK_LOSS_ERRORS = frozenset(UNCORRECTABLE_ERRORS[5])
 
@@ -323,6 +326,9 @@ class Rules:
         if not b["evs"]:
             return
         names = [n for _, n, _ in b["names"]]
+        if (b.get("orphan") and "status" not in b and "usev" not in b and not any(n in AER_ERROR_CLASS or n == UNKNOWN_BIT for n in names)
+                and not any("AER:" in e.rec.msg for e in b["evs"])):
+            return  # a lone "[N] text" line of some driver, nothing says it is AER's
         sev = b["sev"]
         known = all(n in AER_ERROR_CLASS for n in names)
         if sev is None:  # firmware-first or cut off: the names (and aer_uncor_severity) say which class
@@ -421,6 +427,15 @@ class Rules:
             inc = self._pc_recent(ev, bdf, uncorr)
             if inc is not None:
                 inc.add(ev)
+                # the outcome is the port's: every open report of this event at the port shares it
+                st = (ev.rec.ts, ev.rec.clock)
+                at = {bdf, inc.device, inc.x.get("port")} - {None}
+                for i in self._pc_incs:
+                    if i is inc or not (uncorr(i) and i.x.get("recovered") is None and i.first < ev.rec.first_line
+                                        and close(i.stamps[-1], st, BLOCK_WINDOW_S) and {i.device, i.x.get("port")} & at):
+                        continue
+                    i.x["recovered"] = f["ok"]
+                    i.x["lost"] = i.x.get("lost", False) or not f["ok"]
                 inc.x["recovered"] = f["ok"] and inc.x.get("recovered") is not False
                 if not f["ok"]:
                     inc.x["lost"] = True
