@@ -15,13 +15,13 @@ from __future__ import annotations
 import re
 from typing import Any, Iterable
 
-from linkpass.core.evidence import gpu, nccl, nic, rdma
+from linkpass.core.evidence import gpu, nccl, nic, pcie, rdma
 from linkpass.core.evidence.base import (FOLLOW_WINDOW_S, Classification, Ev, Inc, Incident, Topo, bus_id, close)
 from linkpass.core.logparse import Record, parse_lines
 
 #: the families, in the order their patterns are tried (RDMA completions and async events
 #: first: their lines carry words other families look for; NCCL's generic symptoms last)
-FAMILIES = (rdma, gpu, nic, nccl)
+FAMILIES = (rdma, gpu, pcie, nic, nccl)
 
 #: (kind, pattern, family) tried in order on each record's message; the first that matches wins
 PATTERNS: list[tuple[str, re.Pattern, Any]] = [(k, p, fam) for fam in FAMILIES for k, p in fam.PATTERNS]
