@@ -181,6 +181,10 @@ PATTERNS: list[tuple[str, re.Pattern]] = [
     ("port", _ST(r"mlx5_core (" + BUSPAT + r") (\S+): Port: (\d+) Link ([A-Z_]+)\b")),
     ("link", _ST(r"mlx5_core (" + BUSPAT + r") (\(unnamed net_device\) \(uninitialized\)|\S+): Link (up|down)\b")),
     ("link", _ST(r"^()(?:\S+ " + BUSPAT + r" )?(\S+): (?:NIC )?Link is (Up|Down)\b")),
+    # bond_main.c bond_miimon_commit: slave_info(bond_dev, slave_dev, "link status definitely %s...")
+    # prints "<bond>: (slave <dev>): ..."; before 4.15 "<bond>: link status definitely %s for interface %s"
+    ("bond", _ST(r"^\S+: \(slave (\S+)\): link status definitely (up|down)")),
+    ("bond", _ST(r"^\S+: link status definitely (up|down) for interface ([^\s,]+)")),
     ("if_open", _ST(r"adding VLAN 0 to HW filter on device (\S+)")),
     ("rename", _ST(r"mlx5_core (" + BUSPAT + r") (\S+): renamed from (\S+)")),
     ("probe", _ST(r"mlx5_core (" + BUSPAT + r"): (?:firmware version|.*available PCIe bandwidth|E-Switch: Total vports|"
@@ -241,6 +245,8 @@ def fields(kind: str, m: re.Match, msg: str) -> dict[str, Any]:
     if kind == "rename":
         return {"bus": bus_id(g[0]), "netdev": g[1], "old": g[2]}
     if kind == "bond":
+        if "(slave " not in msg:  # the pre-4.15 wording: state first, then the slave
+            return {"netdev": g[1], "up": g[0] == "up"}
         return {"netdev": g[0], "up": g[1] == "up"}
     return {}
 

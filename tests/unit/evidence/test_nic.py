@@ -348,3 +348,17 @@ def test_malformed_or_cut_lines_never_raise(text):
     assert rep.error is None
     rep = classify_report([text + "\n", text])  # repeated, the last one cut off
     assert rep.error is None
+
+
+@pytest.mark.parametrize("line", [
+    "[4428.43] bond0: (slave enp83s0f0np0): link status definitely down, disabling slave",
+    "Jan  2 03:04:05 h kernel: bond0: link status definitely down for interface enp83s0f0np0, disabling it",
+])
+def test_bond_slave_down_is_a_link_fault_of_a_port_in_use(line):
+    assert read([line]) == [("nic-link", "enp83s0f0np0", "mlx5:link_down", "reroute", "replace-part", None)]
+
+
+def test_bond_slave_back_up_after_one_loss_is_observed():
+    lines = ["[1.0] bond0: (slave ens1f0): link status definitely down, disabling slave",
+             "[9.0] bond0: (slave ens1f0): link status definitely up, 100000 Mbps full duplex"]
+    assert read(lines) == [("nic-link", "ens1f0", "mlx5:link_down", "reroute", "observe", None)]
