@@ -197,8 +197,10 @@ PATTERNS: list[tuple[str, re.Pattern]] = [
                    r"Connection closed by remote peer|[Cc]onnect to \S+ (?:failed\s*:|returned .*exceeded error retry)|"
                    r"socket(?:Start|Poll)Connect: exceeded (?:retries|timeouts)|Accept failed: |"
                    r"Connection reset by peer|Broken pipe|NET/Socket\s*:.*(?:failed|error)")),
-    ("generic", _ST(r"\b(nccl(?:UnhandledCuda|System|Internal|InvalidArgument|InvalidUsage|Remote)Error|ncclTimeout)\b|"
+    ("generic", _ST(r"\b(ncclUnhandledCudaError|ncclSystemError|ncclInternalError|ncclInvalidArgument|"
+                    r"ncclInvalidUsage|ncclRemoteError|ncclTimeout)\b|"
                     r"(unhandled cuda error|unhandled system error|internal error - please report|"
+                    r"invalid argument \(run with NCCL_DEBUG|invalid usage \(run with NCCL_DEBUG|"
                     r"remote process exited or there was a network error|unknown result code|Unknown NCCL error)|"
                     r"\b(nccl[A-Z]\w*Error)\b")),
     ("watchdog", _ST(r"watchdog thread terminated with exception")),
