@@ -27,6 +27,9 @@ Sources:
   ``src/include/checks.h`` (``"Cuda failure '%s'"``, ``NCCLCHECK``/``SYSCHECK``
   ``"Call to %s failed: %s"``) and ``src/include/cudawrap.h`` (``"Cuda failure %d '%s'"``);
   ``src/init.cc`` ``ncclGetErrorString`` (the result texts in :data:`NCCL_RESULTS`);
+  ``src/proxy.cc`` (``"[Proxy Service %d] Failed to execute operation %s from rank %d, retcode
+  %d"``, ``"[Service thread] Error encountered progressing operation=%s, res=%d, ..."``: the
+  numbers are ``ncclResult_t``);
   ``src/transport/net_ib/common.cc`` ``ncclIbStatsCheckFatalCount``
   (``"communicator encountered a fatal error (detected in %s)"``, after a fatal async event).
 - pytorch/pytorch ``torch/csrc/distributed/c10d/NCCLUtils.{hpp,cpp}`` (``C10D_NCCL_CHECK``:
@@ -162,6 +165,7 @@ CUDA_READINGS: dict[int, tuple[str, str, str]] = {
     4: ("benign", "none", "none"),
 }
 _CUDA_BY_TEXT = {t.lower(): n for n, (_, t) in CUDA_ERRORS.items()}
+_CUDA_BY_PREFIX = sorted(_CUDA_BY_TEXT.items(), key=lambda tn: -len(tn[0]))
 
 
 def _snake(name: str) -> str:
@@ -203,6 +207,10 @@ PATTERNS: list[tuple[str, re.Pattern]] = [
                     r"invalid argument \(run with NCCL_DEBUG|invalid usage \(run with NCCL_DEBUG|"
                     r"remote process exited or there was a network error|unknown result code|Unknown NCCL error)|"
                     r"\b(nccl[A-Z]\w*Error)\b")),
+    # proxy.cc: "[Proxy Service %d] Failed to execute operation %s from rank %d, retcode %d" (2.12 ..),
+    # "[Service thread] Error encountered progressing operation=%s, res=%d, closing connection"
+    ("proxy", _ST(r"(?:Failed to execute operation \w+ from rank \d+, retcode|"
+                  r"Error encountered progressing operation=\w+, res=)\s*(-?\d+)")),
     ("watchdog", _ST(r"watchdog thread terminated with exception")),
 ]
 
@@ -218,8 +226,11 @@ def fields(kind: str, m: re.Match, msg: str) -> dict[str, Any]:
     if kind == "cuda":
         num = int(m.group(1)) if m.group(1) else None
         text = (m.group(2) or "").strip().strip("'").strip()
-        if num is None:
-            num = _CUDA_BY_TEXT.get(text.lower())
+        if num is None:  # the text alone; a caller may have run on past it ("... Compile with ...")
+            low = text.lower()
+            num = _CUDA_BY_TEXT.get(low)
+            if num is None:
+                num = next((n for t, n in _CUDA_BY_PREFIX if low.startswith(t)), None)
         known = num in CUDA_ERRORS
         f.update(num=num, text=text, known=known)
     elif kind == "cuda_oom":
@@ -232,6 +243,12 @@ def fields(kind: str, m: re.Match, msg: str) -> dict[str, Any]:
         f["code"] = "nccl:comm_fatal"
     elif kind == "socket":
         f["code"] = "nccl:socket_error"
+    elif kind == "proxy":  # the retcode is an ncclResult_t
+        hit = NCCL_RESULTS.get(int(m.group(1)))
+        if hit is not None:
+            f.update(code=hit[2], reading=hit[3])
+        else:
+            f.update(code="nccl:unknown_result", reading=_OBS, known=False)
     elif kind == "generic":
         name, text, other = m.groups()
         hit = next((v for v in NCCL_RESULTS.values() if (name and v[0] == name) or (text and v[1] and
@@ -253,7 +270,7 @@ class Rules:
         if ev.f.get("known") is False:
             inc.known = False
 
-    ev_socket = ev_generic = ev_watchdog = ev_heartbeat = ev_comm_fatal = ev_nccl
+    ev_socket = ev_generic = ev_proxy = ev_watchdog = ev_heartbeat = ev_comm_fatal = ev_nccl
 
     def ev_cuda(self, ev: Ev) -> None:
         num = ev.f.get("num")

@@ -136,7 +136,7 @@ _DEV = r"([A-Za-z][\w.-]*?):(\d+)"
 
 #: (kind, pattern), tried in order (see :data:`linkpass.core.evidence.builder.PATTERNS`)
 PATTERNS: list[tuple[str, re.Pattern]] = [
-    ("wc", _ST(r"Got completion (?:from peer (\S+?) )?with (?:error |status=)\s*(?:([A-Z][A-Z0-9_]*)\()?(\d+)"
+    ("wc", _ST(r"Got completion (?:from peer (\S+?) )?with (?:error |status=)\s*(?:([A-Z][A-Z0-9_]*)\()?(\d+)(?=[,\s)])"
                r"(?:.*?vendor[ _]err[ =]\s*(\d+))?(?:.*?\bhca (\S+))?")),
     # master: "mlx5_0:1 Got non-fatal async event: port error(10)"; 2.23: "Got async error event: ..."
     ("async", _ST(r"NET/IB\s*:\s*(?:" + _DEV + r"\s+)?Got (?:non-fatal |fatal )?async (?:error )?event\s*:\s*"

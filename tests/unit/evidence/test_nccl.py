@@ -400,3 +400,39 @@ def test_malformed_lines_give_no_traceback():
             "CUDA error: ", "ncclError", "Watchdog caught collective operation timeout"]
     rep = classify_report([j + "\n" for j in junk])
     assert rep.error is None
+
+
+@pytest.mark.parametrize("body,code,known", [
+    ("[Proxy Service 3] Failed to execute operation Connect from rank 3, retcode 6", "nccl:remote_error", True),
+    ("[Proxy Service 14] Failed to execute operation Setup from rank 14, retcode 2", "nccl:system_error", True),
+    ("[Service thread] Error encountered progressing operation=Connect, res=3, closing connection",
+     "nccl:internal_error", True),
+    ("[Service thread] Error encountered progressing operation=Register, res=42, closing connection",
+     "nccl:unknown_result", False),
+])
+def test_proxy_errors_carry_an_nccl_result(body, code, known):
+    root, _ = one([warn("p5-node-4", 61000, 61001, 6, "proxy.cc:1861", body)])
+    assert root.code == code and root.known is known and root.action == "none"
+
+
+def test_cuda_text_followed_by_torch_advice_on_the_same_line():
+    root, _ = one(["RuntimeError: CUDA error: misaligned address Compile with `TORCH_USE_CUDA_DSA` to enable "
+                   "device-side assertions.\n"])
+    assert root.code == "cuda:misaligned_address" and root.known
+
+
+def test_nccl_unhandled_cuda_error_follows_the_cuda_failure_it_reports():
+    lines = [warn("gx-1", 4100, 4101, 3, "enqueue.cc:1551", "Cuda failure 'out of memory'"),
+             "torch.distributed.DistBackendError: NCCL error in: c10d/ProcessGroupNCCL.cpp:2006, unhandled cuda error "
+             "(run with NCCL_DEBUG=INFO for details), NCCL version 2.21.5\n",
+             "ncclUnhandledCudaError: Call to CUDA function failed.\n"]
+    incs = classify(lines)
+    assert [(i.code, i.domain, i.secondary_of) for i in incs] == [("cuda:out_of_memory", "app", None),
+                                                                  ("nccl:cuda_error", "app", 0)]
+
+
+def test_a_status_number_cut_off_is_not_read_as_a_shorter_one():
+    line = wc_line("2.27", 12, 2)
+    cut = line[:line.index("status=12") + len("status=1")]
+    assert [i.code for i in classify_text(cut)] == []
+    assert [i.code for i in classify_text(line)] == ["ibv_wc:12"]
