@@ -31,6 +31,7 @@ or port evidence in the same input names a faulty NIC or GPU; then they are its 
 
 The rules live in :mod:`linkpass.core.evidence`, one module per family of evidence (each
 citing its sources): :mod:`~linkpass.core.evidence.gpu` (Xid, SXid),
+:mod:`~linkpass.core.evidence.pcie` (AER, DPC, error recovery, pciehp),
 :mod:`~linkpass.core.evidence.nic` (mlx5_core, netdev, bonding),
 :mod:`~linkpass.core.evidence.rdma` (completion errors, async events),
 :mod:`~linkpass.core.evidence.nccl` (NCCL / PyTorch symptoms), run by
