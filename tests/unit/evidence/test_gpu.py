@@ -316,6 +316,13 @@ def test_unknown_sxid_is_marked_unknown():
     assert (inc.known, reading(inc)) == (False, ("nvlink", "migrate-rank", "drain-node"))
 
 
+def test_sxid_with_journal_prefix_and_elided_switch_id():
+    inc = one(["2026-03-03T18:39:57+00:00 host kernel: " + sxid_line(3, "0000:08:00.0", 22013, "Non-fatal, Link 60 Minion Link DLREQ interrupt")])
+    assert (inc.code, inc.device, reading(inc)) == ("sxid:22013", "0000:08:00.0", ("nvlink", "none", "observe"))
+    inc = one(["nvidia-nvswitch1: SXid (PCI:...): 20034, Fatal, Link 48 LTSSM Fault Up"])
+    assert (inc.code, inc.device, reading(inc)) == ("sxid:20034", None, ("nvlink", "migrate-rank", "drain-node"))
+
+
 def test_fabric_manager_line():
     inc = one(["Mar 03 18:39:57 host nv-fabricmanager[5183]: detected NVSwitch fatal error 12028 on NodeId 0 "
                "on NVSwitch pci bus id 00000000:c5:00.0 physical id 4 port 7"])
