@@ -90,6 +90,10 @@ class Nic:
     netdevs: list[str] = field(default_factory=list)
     bond_members: list[str] = field(default_factory=list)
     kind: str | None = None  # "rdma", "ethernet", "efa", ...
+    #: the RDMA transport where a source names it: ``InfiniBand`` (IB and RoCE: verbs'
+    #: IBV_TRANSPORT_IB), ``iWARP`` (ibv_devinfo ``transport: iWARP (1)``, ibstat node type
+    #: ``iWARP RNIC``), ``usNIC``...; None when unknown
+    transport: str | None = None
     vanished: bool = False
     role: str | None = None
     role_reason: str = ""
@@ -228,7 +232,7 @@ def merge(parts: list[Topology], host: str = "") -> Topology:
                 out.nics.append(same)
             elif same.name != n.name and _is_bus_name(same.name) and not _is_bus_name(n.name):
                 same.name = n.name  # an RDMA name beats a bus-id name
-            for attr in ("pci_bus_id", "numa_node", "kind"):
+            for attr in ("pci_bus_id", "numa_node", "kind", "transport"):
                 if getattr(same, attr) is None:
                     setattr(same, attr, getattr(n, attr))
             same.vanished = same.vanished or n.vanished
