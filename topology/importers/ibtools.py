@@ -102,6 +102,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from topology.importers._bounds import WarningCap, cap_text
 from topology.model import Nic, Topology, norm_bus_id
 
 __all__ = ["looks_like", "parse"]
@@ -110,8 +111,12 @@ __all__ = ["looks_like", "parse"]
 
 #: ibstat.c ``node_type_str``: the node type ``ca_dump`` prints before the quoted name
 _NODE_TYPES = r"(CA|Switch|Router|iWARP RNIC|\?\?\?)"
-_IBSTAT_CA = re.compile(r"^" + _NODE_TYPES + r" '([^'\s]+)'$")
-_IBSTAT_CA_ALONE = re.compile(r"^" + _NODE_TYPES + r": '([^'\s]+)'$")          # ibstat <ca> <port>
+#: an RDMA device name: at most IB_DEVICE_NAME_MAX - 1 = 63 characters (include/rdma/ib_verbs.h),
+#: 64 allowed here; a netdev name: at most IFNAMSIZ - 1 = 15 (include/uapi/linux/if.h)
+_DEV = r"[^'\s]{1,64}"
+_NETDEV = r"[^\s()]{1,15}"
+_IBSTAT_CA = re.compile(r"^" + _NODE_TYPES + r" '(" + _DEV + r")'$")
+_IBSTAT_CA_ALONE = re.compile(r"^" + _NODE_TYPES + r": '(" + _DEV + r")'$")          # ibstat <ca> <port>
 _IBSTAT_CA_PARTIAL = re.compile(r"^(?:CA|Switch|Router|iWARP RNIC):? '")
 _IBSTAT_PORT = re.compile(r"^Port (\d+):$")
 _IBSTAT_FIELD = re.compile(r"^([A-Za-z][A-Za-z ]*):(?:[ \t]+(.*))?$")
@@ -120,24 +125,25 @@ _IBPANIC = re.compile(r"^ib(panic|warn):\s*(?:\[\d+\]\s*)?(?:(\w+):\s*)?(.*)$")
 _IBSTATUS_HDR = re.compile(r"^Infiniband device '([^'\s]+)' port (\d+) status:$")
 _IBSTATUS_PARTIAL = re.compile(r"^Infiniband device '")
 
-_DEVINFO_HDR = re.compile(r"^hca_id:\s+(\S+)$")
+_DEVINFO_HDR = re.compile(r"^hca_id:\s+(" + _DEV + r")$")
 _DEVINFO_PARTIAL = re.compile(r"^hca_id:")
 
 #: ibdev2netdev lines, with any run of blanks between fields (``| column -t`` pads them) and
 #: whatever follows the last field kept apart (a ``# note`` someone appended)
-_IBDEV2NETDEV = re.compile(r"^(\S+)\s+port\s+(\d+)\s+==>\s+(\S+)\s+\((Up|Down|NA)\)(?:\s+(?P<rest>.*))?$")
+_IBDEV2NETDEV = re.compile(r"^(" + _DEV + r")\s+port\s+(\d+)\s+==>\s+(" + _NETDEV + r")\s+\((Up|Down|NA)\)"
+                           r"(?:\s+(?P<rest>.*))?$")
 _IBDEV2NETDEV_V = re.compile(
-    r"^(?:(?P<bus>[0-9A-Fa-f]{1,8}:[0-9A-Fa-f]{1,2}:[0-9A-Fa-f]{1,2}\.[0-7])\s+)?(?P<dev>\S+)\s+\(.*\)"
-    r".*\sport\s+(?P<port>\d+)\s+\(\s*(?P<ibstate>[^)]*?)\s*\)\s+==>\s+(?P<netdev>\S+)\s+\((?P<link>Up|Down|NA)\)"
+    r"^(?:(?P<bus>[0-9A-Fa-f]{1,8}:[0-9A-Fa-f]{1,2}:[0-9A-Fa-f]{1,2}\.[0-7])\s+)?(?P<dev>" + _DEV + r")\s+\(.*\)"
+    r".*\sport\s+(?P<port>\d+)\s+\(\s*(?P<ibstate>[^)]*?)\s*\)\s+==>\s+(?P<netdev>" + _NETDEV + r")\s+\((?P<link>Up|Down|NA)\)"
     r"(?:\s+(?P<rest>.*))?$")
 #: the old-style branch of the script (``print_line``): no state at all
-_IBDEV2NETDEV_OLD = re.compile(r"^(\S+)\s+port\s+(\d+)\s+<===>\s+(\S+)(?:\s+(?P<rest>.*))?$")
+_IBDEV2NETDEV_OLD = re.compile(r"^(" + _DEV + r")\s+port\s+(\d+)\s+<===>\s+(" + _NETDEV + r")(?:\s+(?P<rest>.*))?$")
 #: IPoIB netdev names: the kernel's ipoib driver names them ``ib%d`` (drivers/infiniband/ulp/
 #: ipoib/ipoib_main.c, ``ipoib_add_port``) and systemd's predictable names for ARPHRD_INFINIBAND
 #: start with ``ib`` (src/udev/udev-builtin-net_id.c): ``ib0``, ``ibp26s0``, ``ibs3``
 _IPOIB_NETDEV = re.compile(r"^ib")
 
-_RDMA_LINK = re.compile(r"^(?:link\s+|\d+/\d+:\s+)([^\s/:]+)/(\d+):?(?:\s+(.*))?$")
+_RDMA_LINK = re.compile(r"^(?:link\s+|\d+/\d+:\s+)([^\s/:]{1,64})/(\d+):?(?:\s+(.*))?$")
 _RDMA_KEYS = ("subnet_prefix", "lid", "sm_lid", "lmc", "state", "physical_state", "netdev", "netdev_index")
 
 _IBV_DEVICES_HDR = re.compile(r"^device\s+node GUID$")
@@ -247,6 +253,7 @@ class _Reader:
         self.text = text
         self.source = source
         self.topo = Topology(sources=[source])
+        self.cap = WarningCap(self.topo.warnings, source)
         self.block: _Block | None = None
         self.origin: dict[tuple[str, int, str], tuple[int, int]] = {}   # (nic, port, attr) -> (strength, line)
         self.firsts: dict[tuple, int] = {}   # (tool, device[, port]) -> first line
@@ -258,7 +265,7 @@ class _Reader:
 
     def warn(self, msg: str, line: int | None = None) -> None:
         line = self.lineno if line is None else line
-        self.topo.warnings.append(f"{self.source}: line {line}: {msg}")
+        self.cap.add(f"{self.source}: line {line}: {msg}")
 
     def nic(self, name: str, **kw) -> Nic:
         n = self.topo.add_nic(name, kind="rdma", **kw)
@@ -344,7 +351,15 @@ class _Reader:
     # -- main loop --
 
     def run(self) -> Topology:
-        text = self.text
+        try:
+            return self._run()
+        finally:
+            self.cap.close()
+
+    def _run(self) -> Topology:
+        text, too_big = cap_text(self.text, self.source)
+        if too_big:
+            self.topo.warnings.append(too_big)
         if not text.strip():
             self.topo.warnings.append(f"{self.source}: empty input")
             return self.topo

@@ -26,6 +26,7 @@ import re
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 
+from topology.importers._bounds import WarningCap, cap_text
 from topology.model import Gpu, PciNode, Topology, norm_bus_id
 
 _RDMA_NAME = re.compile(r"^(?:mlx\d_|rocep|roceo|irdma|bnxt_re|efa_|hfi1_|qedr|erdma|ionic_|ibp|rxe|siw)")
@@ -124,13 +125,24 @@ class _Cpu:
 def parse(text: str, source: str = "nccl-topo.xml") -> Topology:
     """Read the first ``<system>`` block of ``text``; see the module docstring."""
     topo = Topology(sources=[source])
+    cap = WarningCap(topo.warnings, source)
 
     def warn(line: int | None, what: str) -> None:
-        topo.warnings.append(f"{source}: {'line ' + str(line) if line else 'xml'}: {what}")
+        cap.add(f"{source}: {'line ' + str(line) if line else 'xml'}: {what}")
 
     if not isinstance(text, str):
         warn(None, f"expected text, got {type(text).__name__}")
         return topo
+    text, too_big = cap_text(text, source)
+    if too_big:
+        topo.warnings.append(too_big)
+    try:
+        return _parse(text, source, topo, warn)
+    finally:
+        cap.close()
+
+
+def _parse(text: str, source: str, topo: Topology, warn) -> Topology:
     m = re.search(r"<system\b", text)
     if m is None:
         warn(None, "no NCCL topology <system> element found")
