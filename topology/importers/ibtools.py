@@ -31,7 +31,11 @@ Formats, as their programs print them
     ibpanic: [pid] main: stat of IB device 'mlx5_8' failed: ...   <- on stderr; ibstat exits
 
   ``ibstat -s`` prints the CA lines without ports; ``ibstat mlx5_0 1`` prints
-  ``CA: 'mlx5_0'`` and one port with no indentation.
+  ``CA: 'mlx5_0'`` and one port with no indentation (``port_dump(port, alone=1)``: no prefix).
+  The node type is ``node_type_str[]``: ``CA``, ``Switch``, ``Router``, ``iWARP RNIC`` or ``???``
+  (header ``iWARP RNIC 'name'``, then ``\tiWARP RNIC type: ...``); an iWARP RNIC gets
+  ``Nic.transport = "iWARP"``.  A whole output whose indentation was lost (a paste) is read
+  too: a line at the header's indentation that is one of ibstat's own fields stays in the block.
 
 ``ibstatus`` (rdma-core ``infiniband-diags/scripts/ibstatus``, a shell script printing sysfs
 files ``/sys/class/infiniband/<dev>/ports/<n>/{state,phys_state,rate,link_layer}``)::
@@ -47,7 +51,8 @@ files ``/sys/class/infiniband/<dev>/ports/<n>/{state,phys_state,rate,link_layer}
 ``ibv_devinfo`` (rdma-core ``libibverbs/examples/devinfo.c``)::
 
     hca_id:\tmlx5_0
-    \ttransport: ... / fw_ver / node_guid / ...
+    \ttransport:\t\t\tInfiniBand (0)      <- transport_str: InfiniBand|iWARP|usNIC|usNIC UDP|unspecified
+    \tfw_ver / node_guid / ...
     \tphys_port_cnt:\t\t\t1
     \t\tport:\t1
     \t\t\tstate:\t\t\tPORT_ACTIVE (4)       <- PORT_DOWN|PORT_INIT|PORT_ARMED|PORT_ACTIVE
@@ -56,13 +61,22 @@ files ``/sys/class/infiniband/<dev>/ports/<n>/{state,phys_state,rate,link_layer}
     (-v only) active_width:\t\t4X (2) / active_speed:\t\t50.0 Gbps (64) /
               phys_state:\t\tLINK_UP (5)      <- SLEEP|POLLING|DISABLED|...|LINK_UP|...
 
-  the rate is active_width x active_speed when both are printed.
+  the rate is active_width x active_speed when both are printed.  ``transport`` fills
+  ``Nic.transport``.  With the indentation flattened, any ``key: value`` line with a lower-case
+  identifier key stays in the block.
 
-``ibdev2netdev`` (MLNX_OFED shell script; the link state is the netdev's carrier, not the
-RDMA port state)::
+``ibdev2netdev`` (MLNX_OFED shell script, mlnx-tools ``ofed_scripts/ibdev2netdev``; the link
+state is ``get_link_state``: the netdev's ``/sys/class/net/<netdev>/carrier``, not the RDMA
+port state)::
 
     mlx5_0 port 1 ==> ib0 (Up)           <- Up|Down|NA
     -v: 0000:17:00.0 mlx5_0 (MT4123 - MT0000000223) <desc> fw 20.28.1002 port 1 (ACTIVE) ==> ib0 (Up)
+                                          <- print_verbose_info: "(ACTIVE)" is ports/<n>/state
+    mlx5_0 port 1 <===> ib0              <- the old-style branch (print_line): no state
+
+  Any run of blanks separates fields (``ibdev2netdev | column -t``); a ``# note`` after the
+  last field is the capturer's and is dropped, other trailing text is named in a warning.  An
+  IPoIB netdev's Down (``ib*``) leaves the port state unknown; see :meth:`_Reader.ibdev2netdev`.
 
 ``rdma link`` (iproute2 ``rdma/link.c``, ``link_parse_cb``)::
 
@@ -95,6 +109,8 @@ Readings
   carrier), with a warning naming both lines.
 * A block that ends before its last line (a cut capture) gives a warning; when the text ends
   without a newline inside such a block, the values on that last, cut line are not used.
+* Bounds (``_bounds``): at most 16 Mi characters are read and 200 warnings kept; a device name
+  longer than 64 characters or a netdev name longer than 15 is no record (a warning).
 """
 
 from __future__ import annotations

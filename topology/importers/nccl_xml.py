@@ -6,7 +6,11 @@ The format: ``<system>`` holds one ``<cpu numaid=.. affinity=..>`` per NUMA node
 ``<pci busid class vendor device link_speed link_width>`` elements nest (a ``<pci>`` holding other
 ``<pci>`` elements is a PCIe switch, upstream and downstream port in one element); a GPU's
 ``<pci>`` holds ``<gpu dev=..>`` (with ``<nvlink>`` children), a NIC's holds
-``<nic><net name=mlx5_0 dev port guid speed gdr/></nic>``.  Cloud files (Azure, AWS) often give
+``<nic><net name=mlx5_0 dev port guid speed gdr/></nic>``.  A ``<nic>`` holding several
+``<net>`` elements with different names (a dual-port NIC: ``mlx5_18`` port 1 and ``mlx5_19``
+port 2, one guid) gives one RDMA device per name, each a rail of its own where it serves a GPU,
+whatever NCCL_IB_MERGE_NICS would fuse at run time (NCCL src/graph/xml.cc ``ncclTopoFillNet``
+keys each ``<net>`` by its device name).  Cloud files (Azure, AWS) often give
 only PCI classes and bus ids: class ``0x0302xx``/``0x0300xx`` is a GPU, ``0x0207xx`` an InfiniBand
 HCA, ``0x0200xx`` an Ethernet function (vendor ``0x1d0f``: an AWS EFA).  A ``<nic>`` directly
 under ``<cpu>`` (no PCI parent, e.g. Azure NCv4's ``eth0``) is a NIC with no bus id.
