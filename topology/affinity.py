@@ -23,8 +23,30 @@ Roles, with the reason kept for the operator:
   it through sockets), an Ethernet port on a node whose rails are InfiniBand, a NIC that is
   NODE/SYS to every GPU while it is up, or a local NIC that no GPU has among its nearest;
 * ``storage``: a NIC SYS to every GPU on a NUMA node that has no GPU;
-* ``unused``: no port is ACTIVE and nothing marks the NIC as a rail (no GPU information), or the
-  device vanished while being read.
+* ``unused``: no port is ACTIVE and nothing marks the NIC as a rail (no GPU information, and a
+  link layer other than InfiniBand), or the device vanished while being read;
+* ``undecided``: GPU-to-NIC paths are known but no GPU has a local NIC (every path NODE or SYS,
+  as ``nvidia-smi topo -m`` prints on GB200 trays, whose GPUs reach Grace over C2C and share no
+  PCIe switch with a NIC), and neither the link layer nor a NUMA node without GPUs decides: the
+  paths cannot say which NICs are rails, so none is guessed; a warning says why, and the config's
+  compute override (or a source giving link layers) settles it.
+
+State is not role.  A NIC's role comes from the device and its place (PCIe affinity to GPUs,
+link layer, device type); a compute NIC whose port is DOWN, POLLING or INIT stays a compute rail
+and its port state says it has a link fault.  NCCL itself drops non-ACTIVE ports only when it
+starts (src/transport/net_ib.cc ``ncclIbInit``: ``if (portAttr.state != IBV_PORT_ACTIVE)
+continue``), which is the fault linkpass reports, not a reason to forget the rail.  Without
+GPU information an InfiniBand HCA is a rail (IB is the compute fabric on a GPU node); only an
+Ethernet/unknown-link-layer RDMA NIC with no GPU information, no ACTIVE port while other NICs'
+ports are ACTIVE, is taken as not cabled (``unused``): nothing but its state tells it apart.
+
+Not an NCCL rail whatever its place: an iWARP device (``Nic.transport == "iWARP"``: ibv_devinfo
+``transport: iWARP``, ibstat node type ``iWARP RNIC``).  NCCL's IB transport connects its RC
+queue pairs itself, exchanging LID/GID out of band and moving them to RTR/RTS with
+ibv_modify_qp (src/transport/net_ib.cc ``ncclIbConnect``/``ncclIbRtrQp``), which only IB and
+RoCE allow; an iWARP QP is connected through the iWARP connection manager (rdma_cm/iw_cm) over
+TCP, which NCCL does not use.  Such a NIC is ``front-end`` (NCCL can reach it only through
+sockets).
 
 Rails: compute NICs are numbered 0..N-1 in the order of the GPU they serve (lowest GPU index or
 bus id first), then by name, so that rail k is "the k-th GPU's NIC" on every host of the same
@@ -145,6 +167,10 @@ def analyse(topo: Topology, compute_override: dict[str, bool] | None = None) -> 
         if n.vanished:
             n.role, n.role_reason = "unused", "the device vanished while it was being read"
             continue
+        if n.transport == "iWARP":
+            n.role, n.role_reason = "front-end", ("an iWARP device: NCCL's IB transport connects only IB/RoCE queue "
+                                                  "pairs, so it is no NCCL rail (NCCL can use it only through sockets)")
+            continue
         if n.kind == "ethernet":
             n.role, n.role_reason = "front-end", "a plain netdev, not an RDMA device (NCCL can use it only through sockets)"
             continue
@@ -164,7 +190,23 @@ def analyse(topo: Topology, compute_override: dict[str, bool] | None = None) -> 
                     if p == best:
                         nearest_of.setdefault(n.name, []).append(g.key)
 
+    # paths known, but no GPU has a local NIC: the paths cannot tell rails from the rest
+    no_local = has_paths and bool(candidates) and not nearest_of
+    undecided: list[str] = []
     for n in candidates:
+        if has_paths and no_local:
+            paths = {g.key: gpu_nic_path(topo, g, n) for g in topo.gpus}
+            best = min(paths.values(), key=_rank)
+            if best == "SYS" and n.numa_node is not None and gpu_numas and n.numa_node not in gpu_numas:
+                n.role, n.role_reason = "storage", f"SYS to every GPU, on NUMA node {n.numa_node} which has no GPU"
+            elif _is_infiniband(n):
+                n.role, n.role_reason = "compute", (f"InfiniBand HCA; no GPU has a local NIC (best path {best}), so the "
+                                                    "link layer decides")
+            else:
+                n.role, n.role_reason = "undecided", (f"no GPU has a local NIC (best path {best or 'unknown'}): the paths "
+                                                      "cannot tell a rail from a front-end NIC")
+                undecided.append(n.name)
+            continue
         if has_paths:
             paths = {g.key: gpu_nic_path(topo, g, n) for g in topo.gpus}
             best = min(paths.values(), key=_rank)
@@ -187,10 +229,27 @@ def analyse(topo: Topology, compute_override: dict[str, bool] | None = None) -> 
         if n.numa_node is not None and gpu_numas and n.numa_node not in gpu_numas:
             n.role, n.role_reason = "storage", f"on NUMA node {n.numa_node} which has no GPU"
             continue
-        if n.ports and not _any_active(n) and any(_any_active(m) for m in topo.nics if m is not n):
-            n.role, n.role_reason = "unused", "no port is ACTIVE while other NICs' ports are (not cabled or disabled)"
+        if _is_infiniband(n):
+            n.role, n.role_reason = "compute", ("InfiniBand HCA; no GPU-to-NIC information to say otherwise"
+                                                + _state_note(n))
             continue
-        n.role, n.role_reason = "compute", "RDMA NIC; no GPU-to-NIC information to say otherwise"
+        if n.ports and not _any_active(n) and any(_any_active(m) for m in topo.nics if m is not n):
+            n.role, n.role_reason = "unused", ("no GPU-to-NIC information and no InfiniBand link layer, and no port is "
+                                               "ACTIVE while other NICs' ports are (not cabled or disabled)")
+            continue
+        n.role, n.role_reason = "compute", "RDMA NIC; no GPU-to-NIC information to say otherwise" + _state_note(n)
+
+    if undecided:
+        src = ", ".join(topo.sources) or "topology"
+        cells = sorted({gpu_nic_path(topo, g, m) or "unknown" for g in topo.gpus for m in topo.nics
+                        if m.name in undecided})
+        w = (f"{src}: no GPU has a NIC at PIX, PXB or PHB (every GPU-to-NIC path is {'/'.join(cells)}, as on GB200 "
+             f"trays whose GPUs reach the CPU over C2C): which NICs are compute rails cannot be read from these paths, "
+             f"so {', '.join(sorted(undecided, key=_natural))} {'is' if len(undecided) == 1 else 'are'} left "
+             "undecided (no rail); name the compute NICs in the config, or add a source giving link layers "
+             "(ibstat, ibv_devinfo)")
+        if w not in topo.warnings:
+            topo.warnings.append(w)
 
     compute = [n for n in topo.nics if n.role == "compute"]
     for g in topo.gpus:
@@ -217,6 +276,12 @@ def analyse(topo: Topology, compute_override: dict[str, bool] | None = None) -> 
     for rail, n in enumerate(order):
         n.rail = rail
     return topo
+
+
+def _state_note(n: Nic) -> str:
+    """``"; port 1 DOWN (a link fault)"`` for a rail whose ports are not all ACTIVE, else ``""``."""
+    bad = [f"port {p.port} {p.state}" for p in n.ports if p.state not in ("ACTIVE", "UNKNOWN")]
+    return f"; {', '.join(bad)} (a link fault, kept as port state)" if bad else ""
 
 
 def _natural(name: str) -> tuple:
@@ -286,7 +351,8 @@ def to_json(topo: Topology) -> dict:
         "gpus": [{"index": g.index, "pci_bus_id": g.pci_bus_id, "numa_node": g.numa_node, "uuid": g.uuid,
                   "nearest_nics": g.nearest_nics, "path": g.nearest_path or "none"} for g in topo.gpus],
         "nics": [{"name": n.name, "pci_bus_id": n.pci_bus_id, "numa_node": n.numa_node, "role": n.role,
-                  "role_reason": n.role_reason, "rail": n.rail, "netdevs": n.netdevs, "bond_members": n.bond_members,
+                  "role_reason": n.role_reason, "rail": n.rail, "transport": n.transport, "netdevs": n.netdevs,
+                  "bond_members": n.bond_members,
                   "ports": [p.to_json() for p in n.ports]} for n in sorted(topo.nics, key=lambda n: _natural(n.name))],
         "rails": rails(topo),
         "unclassified_devices": topo.unclassified,

@@ -93,7 +93,7 @@ def _table(doc: dict) -> None:
         c.print(t)
     if doc["nics"]:
         t = Table("NIC", "PCI bus id", "netdevs", "role", "rail", "ports", "why")
-        colors = {"compute": "green", "front-end": "cyan", "storage": "blue", "unused": "dim"}
+        colors = {"compute": "green", "front-end": "cyan", "storage": "blue", "unused": "dim", "undecided": "yellow"}
         for n in doc["nics"]:
             ports = "; ".join(
                 f"{p['port']}: {p['state'] if p['state'] != 'UNKNOWN' else 'state ?'}"

@@ -90,6 +90,10 @@ class Nic:
     netdevs: list[str] = field(default_factory=list)
     bond_members: list[str] = field(default_factory=list)
     kind: str | None = None  # "rdma", "ethernet", "efa", ...
+    #: the RDMA transport where a source names it: ``InfiniBand`` (IB and RoCE: verbs'
+    #: IBV_TRANSPORT_IB), ``iWARP`` (ibv_devinfo ``transport: iWARP (1)``, ibstat node type
+    #: ``iWARP RNIC``), ``usNIC``...; None when unknown
+    transport: str | None = None
     vanished: bool = False
     role: str | None = None
     role_reason: str = ""
@@ -190,8 +194,13 @@ class Topology:
 def merge(parts: list[Topology], host: str = "") -> Topology:
     """Combine topologies read from several files or readers of ONE host.
 
-    NICs are matched by name, then by PCI bus id (a file that knows the bus id and one that
-    knows the RDMA name describe the same device when both are given); port facts fill in
+    NICs are matched by name, then by PCI bus id when one of the two is named by that bus id
+    only (a file that knows the bus id and one that knows the RDMA name describe the same
+    device).  Two different RDMA names at one bus id stay two devices: NCCL topology XML lists
+    each port of a dual-port NIC as its own ``<net>`` (``mlx5_18`` port 1, ``mlx5_19`` port 2
+    under one ``<pci>``), and each is an RDMA device of its own, whatever NCCL_IB_MERGE_NICS
+    would fuse (NCCL src/graph/xml.cc ``ncclTopoFillNet`` finds or adds one ``<net>`` per
+    network device, keyed by its ``name``).  Port facts fill in
     what is unknown, the first source that knows a value wins.  GPUs are matched by bus id,
     then by index.  Warnings and sources are concatenated.
     """
@@ -217,13 +226,13 @@ def merge(parts: list[Topology], host: str = "") -> Topology:
                     if getattr(same, attr) is None:
                         setattr(same, attr, getattr(g, attr))
         for n in t.nics:
-            same = out.nic(n.name) or (out.nic_by_bus(n.pci_bus_id) if n.pci_bus_id else None)
+            same = out.nic(n.name) or _same_device_by_bus(out, n)
             if same is None:
                 same = Nic(n.name)
                 out.nics.append(same)
             elif same.name != n.name and _is_bus_name(same.name) and not _is_bus_name(n.name):
                 same.name = n.name  # an RDMA name beats a bus-id name
-            for attr in ("pci_bus_id", "numa_node", "kind"):
+            for attr in ("pci_bus_id", "numa_node", "kind", "transport"):
                 if getattr(same, attr) is None:
                     setattr(same, attr, getattr(n, attr))
             same.vanished = same.vanished or n.vanished
@@ -262,6 +271,17 @@ def _warn_disjoint_gpus(parts: list[Topology], out: Topology) -> None:
                 out.warnings.append(f"{', '.join(a.sources) or 'a source'} and {', '.join(b.sources) or 'another source'}: "
                                     "no GPU in common (different hosts, or one names GPUs only by index and the other "
                                     "only by bus id); their GPUs are listed separately")
+
+
+def _same_device_by_bus(out: Topology, n: Nic) -> Nic | None:
+    """The NIC of ``out`` at ``n``'s bus id that is ``n`` under another name: only when one of
+    the two is named by the bus id itself (the source did not know the RDMA name)."""
+    if not n.pci_bus_id:
+        return None
+    for m in out.nics:
+        if m.pci_bus_id == n.pci_bus_id and (_is_bus_name(m.name) or _is_bus_name(n.name)):
+            return m
+    return None
 
 
 def _is_bus_name(name: str) -> bool:

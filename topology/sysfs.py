@@ -360,6 +360,24 @@ def _read_netdevs(fs: SysfsReader) -> dict[str, _Netdev]:
     return out
 
 
+#: ``node_type`` as the kernel prints it (drivers/infiniband/core/sysfs.c ``node_type_show``:
+#: ``"%d: CA"``, ``"%d: RNIC"``, ...) -> the transport it implies (RDMA_NODE_RNIC is iWARP)
+_NODE_TRANSPORT = {"CA": "InfiniBand", "switch": "InfiniBand", "router": "InfiniBand", "RNIC": "iWARP",
+                   "usNIC": "usNIC", "usNIC UDP": "usNIC UDP", "unspecified": None}
+
+
+def _transport(fs: SysfsReader, path: str) -> str | None:
+    """The device's transport from ``<dev>/node_type`` (None when absent or unknown)."""
+    raw = fs.read(f"{path}/node_type", quiet_missing=True)
+    if raw is None:
+        return None
+    m = re.fullmatch(r"\d+:\s*(.+)", raw.strip())
+    if not m or m.group(1) not in _NODE_TRANSPORT:
+        fs.warn(f"{path}/node_type", f"not a node type: {raw[:40]!r}")
+        return None
+    return _NODE_TRANSPORT[m.group(1)]
+
+
 def _read_rdma(fs: SysfsReader, topo: Topology, netdevs: dict[str, _Netdev]) -> None:
     by_pci: dict[str, str] = {}
     for name in fs.listdir(IB_CLASS, quiet_missing=True):
@@ -374,6 +392,7 @@ def _read_rdma(fs: SysfsReader, topo: Topology, netdevs: dict[str, _Netdev]) -> 
             by_pci[pci] = name
         node = topo.pci.get(pci) if pci else None
         nic = Nic(name, pci_bus_id=pci, numa_node=node.numa_node if node else None, kind="rdma")
+        nic.transport = _transport(fs, path)
         ports_dir = f"{path}/ports"
         names = fs.listdir(ports_dir)
         if not names:

@@ -111,7 +111,7 @@ def test_checker_allows_pure_imports(src):
 # topology: the pure parts (model, affinity, importers) parse and decide; only the readers
 # (sysfs.py, live.py, capture.py) and the CLI touch the host.
 TOPOLOGY = Path(linkpass.__file__).resolve().parent.parent / "topology"
-TOPOLOGY_PURE = ["model.py", "affinity.py", "importers/__init__.py", "importers/ibtools.py", "importers/nvsmi.py", "importers/nccl_xml.py"]
+TOPOLOGY_PURE = ["model.py", "affinity.py", "importers/__init__.py", "importers/_bounds.py", "importers/ibtools.py", "importers/nvsmi.py", "importers/nccl_xml.py"]
 TOPOLOGY_FORBIDDEN = (FORBIDDEN - {"os"}) | {"topology.sysfs", "topology.live", "topology.capture", "topology.cli", "linkpass"}
 
 

@@ -31,7 +31,11 @@ Formats, as their programs print them
     ibpanic: [pid] main: stat of IB device 'mlx5_8' failed: ...   <- on stderr; ibstat exits
 
   ``ibstat -s`` prints the CA lines without ports; ``ibstat mlx5_0 1`` prints
-  ``CA: 'mlx5_0'`` and one port with no indentation.
+  ``CA: 'mlx5_0'`` and one port with no indentation (``port_dump(port, alone=1)``: no prefix).
+  The node type is ``node_type_str[]``: ``CA``, ``Switch``, ``Router``, ``iWARP RNIC`` or ``???``
+  (header ``iWARP RNIC 'name'``, then ``\tiWARP RNIC type: ...``); an iWARP RNIC gets
+  ``Nic.transport = "iWARP"``.  A whole output whose indentation was lost (a paste) is read
+  too: a line at the header's indentation that is one of ibstat's own fields stays in the block.
 
 ``ibstatus`` (rdma-core ``infiniband-diags/scripts/ibstatus``, a shell script printing sysfs
 files ``/sys/class/infiniband/<dev>/ports/<n>/{state,phys_state,rate,link_layer}``)::
@@ -47,7 +51,8 @@ files ``/sys/class/infiniband/<dev>/ports/<n>/{state,phys_state,rate,link_layer}
 ``ibv_devinfo`` (rdma-core ``libibverbs/examples/devinfo.c``)::
 
     hca_id:\tmlx5_0
-    \ttransport: ... / fw_ver / node_guid / ...
+    \ttransport:\t\t\tInfiniBand (0)      <- transport_str: InfiniBand|iWARP|usNIC|usNIC UDP|unspecified
+    \tfw_ver / node_guid / ...
     \tphys_port_cnt:\t\t\t1
     \t\tport:\t1
     \t\t\tstate:\t\t\tPORT_ACTIVE (4)       <- PORT_DOWN|PORT_INIT|PORT_ARMED|PORT_ACTIVE
@@ -56,13 +61,22 @@ files ``/sys/class/infiniband/<dev>/ports/<n>/{state,phys_state,rate,link_layer}
     (-v only) active_width:\t\t4X (2) / active_speed:\t\t50.0 Gbps (64) /
               phys_state:\t\tLINK_UP (5)      <- SLEEP|POLLING|DISABLED|...|LINK_UP|...
 
-  the rate is active_width x active_speed when both are printed.
+  the rate is active_width x active_speed when both are printed.  ``transport`` fills
+  ``Nic.transport``.  With the indentation flattened, any ``key: value`` line with a lower-case
+  identifier key stays in the block.
 
-``ibdev2netdev`` (MLNX_OFED shell script; the link state is the netdev's carrier, not the
-RDMA port state)::
+``ibdev2netdev`` (MLNX_OFED shell script, mlnx-tools ``ofed_scripts/ibdev2netdev``; the link
+state is ``get_link_state``: the netdev's ``/sys/class/net/<netdev>/carrier``, not the RDMA
+port state)::
 
     mlx5_0 port 1 ==> ib0 (Up)           <- Up|Down|NA
     -v: 0000:17:00.0 mlx5_0 (MT4123 - MT0000000223) <desc> fw 20.28.1002 port 1 (ACTIVE) ==> ib0 (Up)
+                                          <- print_verbose_info: "(ACTIVE)" is ports/<n>/state
+    mlx5_0 port 1 <===> ib0              <- the old-style branch (print_line): no state
+
+  Any run of blanks separates fields (``ibdev2netdev | column -t``); a ``# note`` after the
+  last field is the capturer's and is dropped, other trailing text is named in a warning.  An
+  IPoIB netdev's Down (``ib*``) leaves the port state unknown; see :meth:`_Reader.ibdev2netdev`.
 
 ``rdma link`` (iproute2 ``rdma/link.c``, ``link_parse_cb``)::
 
@@ -95,6 +109,8 @@ Readings
   carrier), with a warning naming both lines.
 * A block that ends before its last line (a cut capture) gives a warning; when the text ends
   without a newline inside such a block, the values on that last, cut line are not used.
+* Bounds (``_bounds``): at most 16 Mi characters are read and 200 warnings kept; a device name
+  longer than 64 characters or a netdev name longer than 15 is no record (a warning).
 """
 
 from __future__ import annotations
@@ -102,15 +118,22 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from topology.importers._bounds import WarningCap, cap_text
 from topology.model import Nic, Topology, norm_bus_id
 
 __all__ = ["looks_like", "parse"]
 
 # --- line patterns -------------------------------------------------------------------------
 
-_IBSTAT_CA = re.compile(r"^CA '([^'\s]+)'$")
-_IBSTAT_CA_ALONE = re.compile(r"^CA: '([^'\s]+)'$")          # ibstat <ca> <port>
-_IBSTAT_CA_PARTIAL = re.compile(r"^CA:? '")
+#: ibstat.c ``node_type_str``: the node type ``ca_dump`` prints before the quoted name
+_NODE_TYPES = r"(CA|Switch|Router|iWARP RNIC|\?\?\?)"
+#: an RDMA device name: at most IB_DEVICE_NAME_MAX - 1 = 63 characters (include/rdma/ib_verbs.h),
+#: 64 allowed here; a netdev name: at most IFNAMSIZ - 1 = 15 (include/uapi/linux/if.h)
+_DEV = r"[^'\s]{1,64}"
+_NETDEV = r"[^\s()]{1,15}"
+_IBSTAT_CA = re.compile(r"^" + _NODE_TYPES + r" '(" + _DEV + r")'$")
+_IBSTAT_CA_ALONE = re.compile(r"^" + _NODE_TYPES + r": '(" + _DEV + r")'$")          # ibstat <ca> <port>
+_IBSTAT_CA_PARTIAL = re.compile(r"^(?:CA|Switch|Router|iWARP RNIC):? '")
 _IBSTAT_PORT = re.compile(r"^Port (\d+):$")
 _IBSTAT_FIELD = re.compile(r"^([A-Za-z][A-Za-z ]*):(?:[ \t]+(.*))?$")
 _IBPANIC = re.compile(r"^ib(panic|warn):\s*(?:\[\d+\]\s*)?(?:(\w+):\s*)?(.*)$")
@@ -118,15 +141,25 @@ _IBPANIC = re.compile(r"^ib(panic|warn):\s*(?:\[\d+\]\s*)?(?:(\w+):\s*)?(.*)$")
 _IBSTATUS_HDR = re.compile(r"^Infiniband device '([^'\s]+)' port (\d+) status:$")
 _IBSTATUS_PARTIAL = re.compile(r"^Infiniband device '")
 
-_DEVINFO_HDR = re.compile(r"^hca_id:\s+(\S+)$")
+_DEVINFO_HDR = re.compile(r"^hca_id:\s+(" + _DEV + r")$")
 _DEVINFO_PARTIAL = re.compile(r"^hca_id:")
 
-_IBDEV2NETDEV = re.compile(r"^(\S+) port (\d+) ==> (\S+) \((Up|Down|NA)\)$")
+#: ibdev2netdev lines, with any run of blanks between fields (``| column -t`` pads them) and
+#: whatever follows the last field kept apart (a ``# note`` someone appended)
+_IBDEV2NETDEV = re.compile(r"^(" + _DEV + r")\s+port\s+(\d+)\s+==>\s+(" + _NETDEV + r")\s+\((Up|Down|NA)\)"
+                           r"(?:\s+(?P<rest>.*))?$")
 _IBDEV2NETDEV_V = re.compile(
-    r"^(?:(?P<bus>[0-9A-Fa-f]{1,8}:[0-9A-Fa-f]{1,2}:[0-9A-Fa-f]{1,2}\.[0-7])\s+)?(?P<dev>\S+)\s+\(.*\)"
-    r".*\sport\s+(?P<port>\d+)\s+\(\s*(?P<ibstate>[^)]*?)\s*\)\s+==>\s+(?P<netdev>\S+)\s+\((?P<link>Up|Down|NA)\)$")
+    r"^(?:(?P<bus>[0-9A-Fa-f]{1,8}:[0-9A-Fa-f]{1,2}:[0-9A-Fa-f]{1,2}\.[0-7])\s+)?(?P<dev>" + _DEV + r")\s+\(.*\)"
+    r".*\sport\s+(?P<port>\d+)\s+\(\s*(?P<ibstate>[^)]*?)\s*\)\s+==>\s+(?P<netdev>" + _NETDEV + r")\s+\((?P<link>Up|Down|NA)\)"
+    r"(?:\s+(?P<rest>.*))?$")
+#: the old-style branch of the script (``print_line``): no state at all
+_IBDEV2NETDEV_OLD = re.compile(r"^(" + _DEV + r")\s+port\s+(\d+)\s+<===>\s+(" + _NETDEV + r")(?:\s+(?P<rest>.*))?$")
+#: IPoIB netdev names: the kernel's ipoib driver names them ``ib%d`` (drivers/infiniband/ulp/
+#: ipoib/ipoib_main.c, ``ipoib_add_port``) and systemd's predictable names for ARPHRD_INFINIBAND
+#: start with ``ib`` (src/udev/udev-builtin-net_id.c): ``ib0``, ``ibp26s0``, ``ibs3``
+_IPOIB_NETDEV = re.compile(r"^ib")
 
-_RDMA_LINK = re.compile(r"^(?:link\s+|\d+/\d+:\s+)([^\s/:]+)/(\d+):?(?:\s+(.*))?$")
+_RDMA_LINK = re.compile(r"^(?:link\s+|\d+/\d+:\s+)([^\s/:]{1,64})/(\d+):?(?:\s+(.*))?$")
 _RDMA_KEYS = ("subnet_prefix", "lid", "sm_lid", "lmc", "state", "physical_state", "netdev", "netdev_index")
 
 _IBV_DEVICES_HDR = re.compile(r"^device\s+node GUID$")
@@ -156,8 +189,16 @@ _NO_PHYS = {"nostatechange", "nop", "unknown", "invalidphysicalstate"}
 
 _LINK_LAYERS = {"infiniband": "InfiniBand", "ethernet": "Ethernet"}
 
-_IBSTAT_CA_KEYS = {"CA type", "Number of ports", "Firmware version", "Hardware version", "Node GUID",
-                   "System image GUID"}
+_IBSTAT_CA_KEYS = {"CA type", "Switch type", "Router type", "iWARP RNIC type", "??? type", "Number of ports",
+                   "Firmware version", "Hardware version", "Node GUID", "System image GUID"}
+#: ibstatus's port fields (scripts/ibstatus ``port_status``)
+_IBSTATUS_KEYS = {"default gid", "base lid", "sm lid", "state", "phys state", "rate", "link_layer"}
+#: an ibv_devinfo field (devinfo.c ``print_hca_cap``/``print_all_port_gids``): a lower-case
+#: identifier, a colon, a value
+_DEVINFO_FIELD = re.compile(r"^[a-z][a-z0-9_]*:(?:\s|$)")
+#: devinfo.c ``transport_str``
+_TRANSPORTS = {"infiniband": "InfiniBand", "iwarp": "iWARP", "usnic": "usNIC", "usnic udp": "usNIC UDP",
+               "unspecified": None, "invalid transport": None}
 _IBSTAT_PORT_KEYS = {"State", "Physical state", "Rate", "Base lid", "LMC", "SM lid", "Capability mask",
                      "Port GUID", "Link layer"}
 _IBSTAT_NEEDED = ("State", "Physical state", "Rate", "Link layer")
@@ -183,7 +224,8 @@ def looks_like(text: str) -> bool:
         if not s:
             continue
         if (_IBSTAT_CA.match(s) or _IBSTAT_CA_ALONE.match(s) or _IBSTATUS_HDR.match(s) or _DEVINFO_HDR.match(s)
-                or _IBDEV2NETDEV.match(s) or _IBDEV2NETDEV_V.match(s) or _IBV_DEVICES_HDR.match(s)
+                or _IBDEV2NETDEV.match(s) or _IBDEV2NETDEV_V.match(s) or _IBDEV2NETDEV_OLD.match(s)
+                or _IBV_DEVICES_HDR.match(s)
                 or s.startswith("ibpanic:")):
             return True
         m = _RDMA_LINK.match(s)
@@ -227,6 +269,7 @@ class _Reader:
         self.text = text
         self.source = source
         self.topo = Topology(sources=[source])
+        self.cap = WarningCap(self.topo.warnings, source)
         self.block: _Block | None = None
         self.origin: dict[tuple[str, int, str], tuple[int, int]] = {}   # (nic, port, attr) -> (strength, line)
         self.firsts: dict[tuple, int] = {}   # (tool, device[, port]) -> first line
@@ -238,7 +281,7 @@ class _Reader:
 
     def warn(self, msg: str, line: int | None = None) -> None:
         line = self.lineno if line is None else line
-        self.topo.warnings.append(f"{self.source}: line {line}: {msg}")
+        self.cap.add(f"{self.source}: line {line}: {msg}")
 
     def nic(self, name: str, **kw) -> Nic:
         n = self.topo.add_nic(name, kind="rdma", **kw)
@@ -324,7 +367,15 @@ class _Reader:
     # -- main loop --
 
     def run(self) -> Topology:
-        text = self.text
+        try:
+            return self._run()
+        finally:
+            self.cap.close()
+
+    def _run(self) -> Topology:
+        text, too_big = cap_text(self.text, self.source)
+        if too_big:
+            self.topo.warnings.append(too_big)
         if not text.strip():
             self.topo.warnings.append(f"{self.source}: empty input")
             return self.topo
@@ -367,7 +418,7 @@ class _Reader:
             if b.tool == "ibv_devices":
                 if self.ibv_devices_row(s):
                     return
-            elif indent > b.indent or (b.alone and self.ibstat_alone_field(s)):
+            elif indent > b.indent or self.flat_field(b, s):
                 {"ibstat": self.ibstat_field, "ibstatus": self.ibstatus_field, "ibv_devinfo": self.devinfo_field}[b.tool](s)
                 return
             self.close()
@@ -386,11 +437,14 @@ class _Reader:
         m = _IBSTAT_CA.match(s) or _IBSTAT_CA_ALONE.match(s)
         if m:
             self.close()
-            name = m.group(1)
-            alone = s.startswith("CA:")
+            node_type, name = m.group(1), m.group(2)
+            alone = s.startswith(node_type + ":")
             if not alone:
                 self.first(("ibstat", name), f"CA '{name}'")
-            self.block = _Block("ibstat", self.lineno, indent, self.nic(name), alone=alone)
+            nic = self.nic(name)
+            if node_type == "iWARP RNIC":
+                self.set_transport(nic, "iWARP")
+            self.block = _Block("ibstat", self.lineno, indent, nic, alone=alone)
             return True
         m = _IBSTATUS_HDR.match(s)
         if m:
@@ -421,13 +475,21 @@ class _Reader:
         m = _IBDEV2NETDEV.match(s)
         if m:
             self.close()
+            self.trailing(m.group("rest"), "ibdev2netdev")
             self.ibdev2netdev(m.group(1), int(m.group(2)), m.group(3), m.group(4), None, None)
             return True
         m = _IBDEV2NETDEV_V.match(s)
         if m:
             self.close()
+            self.trailing(m.group("rest"), "ibdev2netdev")
             self.ibdev2netdev(m.group("dev"), int(m.group("port")), m.group("netdev"), m.group("link"),
                               m.group("ibstate"), m.group("bus"))
+            return True
+        m = _IBDEV2NETDEV_OLD.match(s)
+        if m:
+            self.close()
+            self.trailing(m.group("rest"), "ibdev2netdev")
+            self.ibdev2netdev(m.group(1), int(m.group(2)), m.group(3), "NA", None, None)
             return True
         m = _RDMA_LINK.match(s)
         if m and m.group(3) and any(k in m.group(3).split() for k in ("state", "physical_state", "netdev")):
@@ -451,7 +513,25 @@ class _Reader:
         else:
             self.warn(f"ibstat stopped with an error (ibpanic: {msg})")
 
+    def trailing(self, rest: str | None, tool: str) -> None:
+        """Text after a one-line record's last field: a ``# note`` is the capturer's own and
+        is dropped; anything else is named in a warning (it is not the tool's)."""
+        if rest and not rest.lstrip().startswith("#"):
+            self.warn(f"text after the {tool} fields ignored: {rest[:60]!r}")
+
     def ibdev2netdev(self, dev: str, port: int, netdev: str, link: str, ibstate: str | None, bus: str | None) -> None:
+        """One ibdev2netdev line (MLNX_OFED mlnx-tools ``ofed_scripts/ibdev2netdev``).
+
+        ``(Up)``/``(Down)`` is the *netdev's* carrier (``get_link_state``: ``/sys/class/net/
+        <netdev>/carrier`` is 1, else Down, also when the file cannot be read, as for a netdev
+        that is administratively down; ``NA`` without the file), not the RDMA port state; only
+        ``-v`` prints the port state (``print_verbose_info``, from ``ports/<n>/state``).
+        For a RoCE netdev the port follows the Ethernet carrier, so Up/Down is read as a weak
+        ACTIVE/DOWN.  For an IPoIB netdev (``ib*``) only Up says something about the port
+        (IPoIB has carrier only over an ACTIVE port); Down may be an IPoIB interface that is
+        simply not configured, so the port state stays unknown.  The carrier itself goes to
+        ``Topology.links[netdev]["carrier"]`` either way.
+        """
         self.first(("ibdev2netdev", dev, port), f"ibdev2netdev {dev} port {port}")
         nic = self.nic(dev, pci_bus_id=norm_bus_id(bus) if bus else None)
         nic.port(port)
@@ -460,7 +540,10 @@ class _Reader:
             if st:
                 self.put(nic, port, "state", st)
         if link != "NA":
-            self.put(nic, port, "state", "ACTIVE" if link == "Up" else "DOWN", _WEAK)
+            if not self.defer:
+                self.topo.links.setdefault(netdev, {})["carrier"] = link == "Up"
+            if link == "Up" or not _IPOIB_NETDEV.match(netdev):
+                self.put(nic, port, "state", "ACTIVE" if link == "Up" else "DOWN", _WEAK)
         self.add_netdev(nic, port, netdev)
 
     def rdma_link(self, dev: str, port: int, rest: str) -> None:
@@ -492,6 +575,30 @@ class _Reader:
     def ibstat_alone_field(self, s: str) -> bool:
         m = _IBSTAT_FIELD.match(s)
         return bool(_IBSTAT_PORT.match(s) or (m and m.group(1) in _IBSTAT_PORT_KEYS))
+
+    def flat_field(self, b: _Block, s: str) -> bool:
+        """True when ``s``, not indented deeper than its block's header, still belongs to the
+        block: the layout ``ibstat <ca> <port>`` prints (ibstat.c ``port_dump`` with
+        ``alone``: no prefix at all), or any output whose indentation was lost on the way (a
+        paste, a web page, ``sed 's/^\\s*//'``).  Only a line that is one of the tool's own
+        fields counts, so foreign text after a block still ends it."""
+        if b.tool == "ibstat":
+            m = _IBSTAT_FIELD.match(s)
+            return bool(_IBSTAT_PORT.match(s) or (m and (m.group(1) in _IBSTAT_PORT_KEYS
+                                                         or (not b.alone and m.group(1) in _IBSTAT_CA_KEYS))))
+        if b.tool == "ibstatus":
+            return s.partition(":")[0].strip() in _IBSTATUS_KEYS and ":" in s
+        if b.tool == "ibv_devinfo":
+            return bool(_DEVINFO_FIELD.match(s))
+        return False
+
+    def set_transport(self, nic: Nic, transport: str | None) -> None:
+        if transport is None:
+            return
+        if nic.transport is None:
+            nic.transport = transport
+        elif nic.transport != transport:
+            self.warn(f"{nic.name}: transport {transport} here, {nic.transport} before; keeping {nic.transport}")
 
     def ibstat_field(self, s: str) -> None:
         b = self.block
@@ -577,6 +684,13 @@ class _Reader:
         if not sep:
             return   # -v prints capability flag names alone on their lines
         key, val = key.strip(), val.strip()
+        if key == "transport" and b.port is None:
+            t = re.sub(r"\s*\(\d+\)$", "", val).strip().lower()
+            if t in _TRANSPORTS:
+                self.set_transport(b.nic, _TRANSPORTS[t])
+            else:
+                self.warn(f"unreadable ibv_devinfo transport {val!r}")
+            return
         if key == "phys_port_cnt":
             n = self.number(val, r"(\d+)", "ibv_devinfo phys_port_cnt")
             if n is not None and not self.defer:

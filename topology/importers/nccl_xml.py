@@ -6,7 +6,11 @@ The format: ``<system>`` holds one ``<cpu numaid=.. affinity=..>`` per NUMA node
 ``<pci busid class vendor device link_speed link_width>`` elements nest (a ``<pci>`` holding other
 ``<pci>`` elements is a PCIe switch, upstream and downstream port in one element); a GPU's
 ``<pci>`` holds ``<gpu dev=..>`` (with ``<nvlink>`` children), a NIC's holds
-``<nic><net name=mlx5_0 dev port guid speed gdr/></nic>``.  Cloud files (Azure, AWS) often give
+``<nic><net name=mlx5_0 dev port guid speed gdr/></nic>``.  A ``<nic>`` holding several
+``<net>`` elements with different names (a dual-port NIC: ``mlx5_18`` port 1 and ``mlx5_19``
+port 2, one guid) gives one RDMA device per name, each a rail of its own where it serves a GPU,
+whatever NCCL_IB_MERGE_NICS would fuse at run time (NCCL src/graph/xml.cc ``ncclTopoFillNet``
+keys each ``<net>`` by its device name).  Cloud files (Azure, AWS) often give
 only PCI classes and bus ids: class ``0x0302xx``/``0x0300xx`` is a GPU, ``0x0207xx`` an InfiniBand
 HCA, ``0x0200xx`` an Ethernet function (vendor ``0x1d0f``: an AWS EFA).  A ``<nic>`` directly
 under ``<cpu>`` (no PCI parent, e.g. Azure NCv4's ``eth0``) is a NIC with no bus id.
@@ -26,6 +30,7 @@ import re
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 
+from topology.importers._bounds import WarningCap, cap_text
 from topology.model import Gpu, PciNode, Topology, norm_bus_id
 
 _RDMA_NAME = re.compile(r"^(?:mlx\d_|rocep|roceo|irdma|bnxt_re|efa_|hfi1_|qedr|erdma|ionic_|ibp|rxe|siw)")
@@ -124,13 +129,24 @@ class _Cpu:
 def parse(text: str, source: str = "nccl-topo.xml") -> Topology:
     """Read the first ``<system>`` block of ``text``; see the module docstring."""
     topo = Topology(sources=[source])
+    cap = WarningCap(topo.warnings, source)
 
     def warn(line: int | None, what: str) -> None:
-        topo.warnings.append(f"{source}: {'line ' + str(line) if line else 'xml'}: {what}")
+        cap.add(f"{source}: {'line ' + str(line) if line else 'xml'}: {what}")
 
     if not isinstance(text, str):
         warn(None, f"expected text, got {type(text).__name__}")
         return topo
+    text, too_big = cap_text(text, source)
+    if too_big:
+        topo.warnings.append(too_big)
+    try:
+        return _parse(text, source, topo, warn)
+    finally:
+        cap.close()
+
+
+def _parse(text: str, source: str, topo: Topology, warn) -> Topology:
     m = re.search(r"<system\b", text)
     if m is None:
         warn(None, "no NCCL topology <system> element found")

@@ -21,7 +21,17 @@ from __future__ import annotations
 
 import re
 
+from topology.importers._bounds import WarningCap, cap_text
 from topology.model import PATH_TYPES, Gpu, Topology
+
+#: The most columns read from a header.  nvidia-smi prints one column per GPU and per NIC
+#: (NVML's device count, at most 64 GPUs on any system it supports, plus the NICs beside them:
+#: tens); a header far wider than this is not a topology matrix, and reading it whole would cost
+#: time in proportion to its square (every row against every column).
+MAX_COLUMNS = 512
+#: The longest header token split into row names (``mlx5_bond_0mlx5_bond_1``): a few names run
+#: together, never kilobytes.
+_MAX_GLUED = 1024
 
 _GPU = re.compile(r"^GPU(\d+)$")
 _NIC = re.compile(r"^NIC(\d+)$")
@@ -70,28 +80,54 @@ def _split_label(tok: str, known: set[str]) -> tuple[str, str | None]:
 
 
 def _decompose(token: str, labels: list[str]) -> list[str] | None:
-    """Split a header token that is several names run together, using the row names."""
-    if token == "":
-        return []
-    for lab in sorted(labels, key=len, reverse=True):
-        if lab and token.startswith(lab):
-            rest = _decompose(token[len(lab):], labels)
-            if rest is not None:
-                return [lab, *rest]
-    return None
+    """Split a header token that is several names run together, using the row names; the
+    longest name first at each place.  No recursion: a table over the token's positions, so
+    the work is len(token) x len(labels) at most (and the token is capped at :data:`_MAX_GLUED`)."""
+    if token == "" or len(token) > _MAX_GLUED:
+        return [] if token == "" else None
+    labs = sorted({lab for lab in labels if lab}, key=len, reverse=True)
+    n = len(token)
+    # nxt[i]: the name to take at position i so that the rest also splits (None: no split)
+    nxt: list[str | None] = [None] * (n + 1)
+    ok = [False] * (n + 1)
+    ok[n] = True
+    for i in range(n - 1, -1, -1):
+        for lab in labs:
+            j = i + len(lab)
+            if j <= n and ok[j] and token.startswith(lab, i):
+                nxt[i], ok[i] = lab, True
+                break
+    if not ok[0]:
+        return None
+    out, i = [], 0
+    while i < n:
+        out.append(nxt[i])
+        i += len(nxt[i])
+    return out
 
 
 def parse(text: str, source: str = "nvidia-smi topo") -> Topology:
     """Read the first matrix in ``text``; see the module docstring."""
     topo = Topology(sources=[source])
+    cap = WarningCap(topo.warnings, source)
 
     def warn(line_no: int | None, what: str) -> None:
         where = f"line {line_no}" if line_no is not None else "matrix"
-        topo.warnings.append(f"{source}: {where}: {what}")
+        cap.add(f"{source}: {where}: {what}")
 
     if not isinstance(text, str):
         warn(None, f"expected text, got {type(text).__name__}")
         return topo
+    text, too_big = cap_text(text, source)
+    if too_big:
+        topo.warnings.append(too_big)
+    try:
+        return _parse(text, topo, warn)
+    finally:
+        cap.close()
+
+
+def _parse(text: str, topo: Topology, warn) -> Topology:
     lines = text.splitlines()
 
     # ---- header
@@ -106,6 +142,10 @@ def parse(text: str, source: str = "nvidia-smi topo") -> Topology:
     if h_idx is None:
         warn(None, "no nvidia-smi topo matrix header (a row naming GPU0, GPU1, ...) found")
         return topo
+    if len(devices) > MAX_COLUMNS:
+        warn(h_idx + 1, f"the header names {len(devices)} columns; nvidia-smi prints one per GPU and NIC (tens), "
+                        f"so this is no topology matrix: only the first {MAX_COLUMNS} are read")
+        devices = devices[:MAX_COLUMNS]
 
     # ---- rows: up to a blank line or the legend
     raw_rows: list[tuple[int, list[str]]] = []
@@ -135,12 +175,14 @@ def parse(text: str, source: str = "nvidia-smi topo") -> Topology:
 
     # ---- resolve header names that ran together, against the row names
     row_labels = [lab for _, lab, _, _ in labelled]
+    row_set = set(row_labels)
+    glued_candidates = [lab for lab in dict.fromkeys(row_labels) if lab not in known]
     columns: list[str] = []
     for d in devices:
-        if d in row_labels or _GPU.match(d) or _NIC.match(d):
+        if d in row_set or _GPU.match(d) or _NIC.match(d):
             columns.append(d)
             continue
-        parts = _decompose(d, [lab for lab in row_labels if lab not in devices])
+        parts = _decompose(d, glued_candidates)
         if parts and len(parts) > 1:
             columns.extend(parts)
         else:
@@ -150,7 +192,11 @@ def parse(text: str, source: str = "nvidia-smi topo") -> Topology:
         if c in seen_cols:
             warn(h_idx + 1, f"column {c} appears twice in the header; the first one is used")
         seen_cols.add(c)
+    if len(columns) > MAX_COLUMNS:
+        warn(h_idx + 1, f"the header splits into {len(columns)} columns; only the first {MAX_COLUMNS} are read")
+        columns = columns[:MAX_COLUMNS]
     ncols = len(columns)
+    column_set = set(columns)
 
     # ---- NIC legend
     legend: dict[str, str] = {}
@@ -210,7 +256,7 @@ def parse(text: str, source: str = "nvidia-smi topo") -> Topology:
                 v = extras[numa_col]
                 if re.fullmatch(r"\d+", v):
                     gpu_numa[idx] = int(v)
-        elif label in columns:
+        elif label in column_set:
             name = nic_name(label)
             if name in nic_rows:
                 warn(ln, f"NIC {name} has a second row; the first one (line {nic_rows[name][0]}) is kept")
@@ -222,7 +268,8 @@ def parse(text: str, source: str = "nvidia-smi topo") -> Topology:
     have_rows = {f"GPU{i}" for i in gpu_rows} | {c for c in columns if nic_name(c) in nic_rows}
     missing = [c for c in columns if c not in have_rows]
     if missing:
-        warn(None, f"no row for {', '.join(missing)} (the matrix looks cut off)")
+        shown = ", ".join(missing[:16]) + (f", ... ({len(missing)} in all)" if len(missing) > 16 else "")
+        warn(None, f"no row for {shown} (the matrix looks cut off)")
 
     # ---- build
     gpu_cols = {j: int(_GPU.match(c).group(1)) for j, c in enumerate(columns) if _GPU.match(c)}

@@ -209,8 +209,11 @@ def test_ibdev2netdev_plain_and_verbose():
     assert topo.warnings == []
     p = _ports(topo)
     assert p["mlx5_0/1"] == {"state": "ACTIVE", "link_layer": None, "rate_gbps": None, "netdev": "ib0"}
-    assert p["mlx5_1/1"]["state"] == "DOWN"
+    # (Down) is the IPoIB netdev's carrier (ibdev2netdev's get_link_state), not the port's state
+    assert p["mlx5_1/1"] == {"state": "UNKNOWN", "link_layer": None, "rate_gbps": None, "netdev": "ib1"}
+    assert topo.links["ib1"] == {"carrier": False} and topo.links["ib0"] == {"carrier": True}
     assert p["mlx5_2/1"]["state"] == "UNKNOWN" and topo.nic("mlx5_2").netdevs == ["enp1s0"]
+    assert "enp1s0" not in topo.links
     assert p["mlx5_3/1"]["state"] == "DOWN" and topo.nic("mlx5_3").pci_bus_id == "0000:17:00.0"
 
 

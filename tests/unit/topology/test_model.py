@@ -74,3 +74,15 @@ def test_merge_matches_rdma_name_to_bus_id():
     m = merge([a, b])
     assert [n.name for n in m.nics] == ["mlx5_0"] and m.nics[0].ports[0].rate_gbps == 400.0
     assert m.sources == ["xml", "ibstat"]
+
+
+def test_merge_keeps_two_rdma_devices_at_one_bus_id_apart():
+    a = Topology(nics=[Nic("rdmaA", pci_bus_id="0000:14:00.0"), Nic("rdmaB", pci_bus_id="0000:14:00.0")])
+    out = merge([a])
+    assert [n.name for n in out.nics] == ["rdmaA", "rdmaB"]
+    # a source that knows only the bus id still joins the device named in another
+    b = Topology(nics=[Nic("0000:14:00.0", pci_bus_id="0000:14:00.0", numa_node=3)])
+    out = merge([Topology(nics=[Nic("rdmaA", pci_bus_id="0000:14:00.0")]), b])
+    assert [(n.name, n.numa_node) for n in out.nics] == [("rdmaA", 3)]
+    out = merge([b, Topology(nics=[Nic("rdmaA", pci_bus_id="0000:14:00.0")])])
+    assert [(n.name, n.numa_node) for n in out.nics] == [("rdmaA", 3)]

@@ -316,3 +316,58 @@ def test_a_quoted_angle_bracket_does_not_end_a_tag_and_an_unclosed_quote_is_a_cu
     text = '<system version="1"><cpu numaid="0" note="a > b"><pci busid="0000:18:00.0" class="0x030200"><gpu dev="0"/></pci></cpu></system>'
     assert [g.pci_bus_id for g in nccl_xml.parse(text, "q.xml").gpus] == ["0000:18:00.0"]
     assert nccl_xml._xml_prefix('<system a="x><cpu>', 0) == (0, "open-tag")
+
+
+# ---------------------------------------------------------------- dual-port NICs (issue 14)
+
+#: one PCIe switch (two sub-switches) holding a GPU and a dual-port NIC whose two ports are two
+#: RDMA devices: two <net> elements in one <nic>, as ncclTopoFillNet (NCCL src/graph/xml.cc)
+#: writes them, one per network device, keyed by name
+_DUAL = """<system version="1">
+  <cpu numaid="0" affinity="ff" arch="x86_64" vendor="GenuineIntel">
+    <pci busid="0000:10:00.0" class="0x060400" vendor="0x1000" device="0xc030">
+      <pci busid="0000:11:00.0" class="0x060400" vendor="0x1000" device="0xc030">
+        <pci busid="0000:12:00.0" class="0x030200" vendor="0x10de" device="0x2330"><gpu dev="0" sm="90"/></pci>
+      </pci>
+      <pci busid="0000:13:00.0" class="0x060400" vendor="0x1000" device="0xc030">
+        <pci busid="0000:14:00.0" class="0x020000" vendor="0x15b3" device="0x1021">
+          <nic>
+            <net name="rdmaA" dev="0" speed="200000" port="1" guid="0x1"/>
+            <net name="rdmaB" dev="1" speed="100000" port="2" guid="0x1"/>
+          </nic>
+        </pci>
+      </pci>
+    </pci>
+  </cpu>
+</system>
+"""
+
+
+def _dual_checks(topo):
+    names = sorted(n.name for n in topo.nics)
+    assert names == ["rdmaA", "rdmaB"]
+    a, b = topo.nic("rdmaA"), topo.nic("rdmaB")
+    assert a.pci_bus_id == b.pci_bus_id == "0000:14:00.0"
+    assert [(p.port, p.rate_gbps) for p in a.ports] == [(1, 200.0)]
+    assert [(p.port, p.rate_gbps) for p in b.ports] == [(2, 100.0)]
+    assert (a.role, b.role) == ("compute", "compute")
+    assert {a.rail, b.rail} == {0, 1}
+    assert topo.gpus[0].nearest_nics == ["rdmaA", "rdmaB"]
+
+
+def test_two_nets_in_one_nic_are_two_rdma_devices():
+    _dual_checks(analyse(nccl_xml.parse(_DUAL, "dual")))
+
+
+def test_two_nets_in_one_nic_survive_the_merge_of_parse_text():
+    # parse_text/parse_file (and the CLI) merge what the importers read: the merge matched NICs
+    # by bus id and folded the second port's device into the first
+    from topology.importers import parse_text
+    _dual_checks(analyse(parse_text(_DUAL, "dual")))
+
+
+def test_corpus_dualport_file_through_parse_file():
+    from topology.importers import parse_file
+    topo = analyse(parse_file(corpus_file("nccl_topo/oci_bm_gpu_h100_8_dualport_cx7_roce_16nets_mlx5_18_33_topo.xml")))
+    assert len(topo.nics) == 16 and len({n.rail for n in topo.nics}) == 16
+    assert {n.name for n in topo.nics if n.pci_bus_id == "0000:0c:00.0"} == {"mlx5_18", "mlx5_19"}

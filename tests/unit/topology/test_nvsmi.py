@@ -37,8 +37,14 @@ def test_corpus_file(name, expected):
     text = _read(rel)
     assert nvsmi.looks_like(text)
     topo = _analysed(text, rel)
-    assert topo.warnings == []
     assert topo.sources == [rel]
+    if exp.get("ambiguous"):
+        # the matrix cannot decide the roles: one warning says why, and no NIC is guessed a rail
+        assert len(topo.warnings) == 1 and topo.warnings[0].startswith(f"{rel}: no GPU has a NIC at PIX, PXB or PHB")
+        assert {n.role for n in topo.nics} == {"undecided"} and all(n.rail is None for n in topo.nics)
+        assert {g.key: g.nearest_nics for g in topo.gpus} == exp["gpu_nearest_nics"]
+        return
+    assert topo.warnings == []
     if exp.get("gpu_count") is not None:
         assert len(topo.gpus) == exp["gpu_count"]
     if "gpu_nearest_nics" in exp:

@@ -331,7 +331,9 @@ def test_capture_round_trips(machine, tmp_path):
     assert os.readlink(out / some.lstrip("/")) == os.readlink(tree.host(some))
     assert not os.readlink(out / some.lstrip("/")).startswith("/")
     # exactly what the reader reads: nothing it never opens
-    assert not any(f.endswith(("/enable", "/operstate", "/node_type", "/bonding/mode")) for f in files)
+    # (node_type is read since issue 14: it tells an iWARP RNIC from a CA)
+    assert not any(f.endswith(("/enable", "/operstate", "/bonding/mode")) for f in files)
+    assert any(f.endswith("/node_type") for f in files)
 
 
 def test_capture_round_trips_a_malformed_tree(hgx, tmp_path):
@@ -534,3 +536,17 @@ def test_a_gpu_missing_from_sysfs_keeps_its_nics_rail(hgx):
     assert topo.nic("mlx5_4").role == "compute"
     assert {n.name: n.rail for n in topo.nics if n.rail is not None} == {
         "mlx5_0": 0, "mlx5_3": 1, "mlx5_4": 2, "mlx5_5": 3, "mlx5_6": 4, "mlx5_8": 5, "mlx5_9": 6, "mlx5_10": 7}
+
+
+def test_node_type_gives_the_transport_and_an_rnic_is_no_rail(tmp_path):
+    # drivers/infiniband/core/sysfs.c node_type_show: "1: CA", "4: RNIC" (iWARP), ...
+    m, _ = st.hgx_h100_ib()
+    t = st.build(tmp_path, m)
+    names = sorted(t.rdma)
+    t.write(f"{t.rdma[names[0]]}/node_type", "4: RNIC")
+    t.write(f"{t.rdma[names[1]]}/node_type", "9: sideways")
+    topo = analyse(read_sysfs(tmp_path))
+    iw, odd, ca = topo.nic(names[0]), topo.nic(names[1]), topo.nic(names[2])
+    assert (iw.transport, iw.role, iw.rail) == ("iWARP", "front-end", None)
+    assert odd.transport is None and any("node_type: not a node type" in w for w in topo.warnings)
+    assert ca.transport == "InfiniBand" and ca.role == "compute"
