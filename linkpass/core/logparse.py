@@ -118,7 +118,7 @@ _RFC5424 = re.compile(r"^<\d{1,3}>\d{1,2} (\S+) \S+ \S+ \S+ \S+ (-|(?:\[(?:[^\]\
 _RAW = re.compile(r"^\s*\[?\s*(\d{1,10}\.\d{1,9})(?:\s*<\s*\d+\.\d+>)?\]\s?")
 _RELTIME = re.compile(r"^\[(?:[A-Z][a-z]{2}\s?\d{1,2} \d\d:\d\d|\s*\+\d+\.\d+|<\s*\d+\.\d+>)\]\s?")
 _CTIME = re.compile(r"^\[(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun)\s+([A-Za-z]{3})\s+(\d{1,2})\s+(\d\d):(\d\d):(\d\d)\s+(\d{4})\]\s?")
-_ISO = re.compile(r"^\[?(\d{4})-(\d\d)-(\d\d)[T ](\d\d):(\d\d):(\d\d)(?:[.,](\d{1,9}))?(?: ?(Z|[+-]\d\d:?\d\d)(?![\d:]))?\]?:?\s?")
+_ISO = re.compile(r"^\[?(\d{4})-(\d\d)-(\d\d)[T ](\d\d):(\d\d):(\d\d)(?:[.,](\d{1,9}))?(?: ?(Z|[+-]\d\d:?\d\d(?![\d:])))?\]?:?\s?")
 _PROG = r"(?:kernel|[A-Za-z][\w\-./@]*\[\d+\])"
 _FULL = re.compile(r"^(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) (\d{4})-(\d\d)-(\d\d) (\d\d):(\d\d):(\d\d)(?:\.(\d{1,9}))? (\S+) "
                    r"(?=\S+\s+" + _PROG + ":)")
@@ -136,11 +136,12 @@ _ANSI = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)?|[
 _QUOTE = re.compile(r"^[ ]{0,3}>[ ]?")
 _BULLET = re.compile(r"^[ ]{0,8}[-*\u2022][ ]+(?=\S)")
 _LINENO = re.compile(r"^[ ]{0,8}\d{1,7}(?::[ ]|\t|[ ]\|[ ]?)")
-_PDSH = re.compile(r"^[A-Za-z0-9][\w.-]*:[ ](?=\[\s*\d|<\d{1,3}>|[A-Z][a-z]{2}[ ]+\d|\d{4}-\d\d-\d\d[T ]|\d+,\d+,\d+,)")
+_PDSH = re.compile(r"^(?!NVRM:)[A-Za-z0-9][\w.-]*:[ ](?=\s+NVRM:|\[\s*\d+\.\d|\[[A-Z][a-z]{2} |<\d{1,3}>|[A-Z][a-z]{2}[ ]+\d{1,2} \d\d:\d\d:\d\d |"
+                   r"\d{4}-\d\d-\d\d[T ]\d\d:|\d+,\d+,\d+,)")
 _KUBE_PREFIX = re.compile(r"^\[[a-z][a-z.]*/[^/\]\s]+/[^\]\s]+\][ ]")
 _ROLE = re.compile(r"^\[[A-Za-z_][\w.-]*?\d+\]:[ ]?")  # [default3]: (torchrun --tee), [rank3]: (TORCH_LOGS)
 _MPI = re.compile(r"^\[\d+,\d+\]<std(?:out|err|diag)>:[ ]?")
-_WRAPPERS = (_QUOTE, _BULLET, _LINENO, _KUBE_PREFIX, _ROLE, _MPI)
+_WRAPPERS = (_QUOTE, _BULLET, _LINENO, _KUBE_PREFIX, _ROLE, _MPI, _PDSH)
 
 _CONT = re.compile(r"^\s+NVRM:\s?(.*)$")
 _BAD_CHARS = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\ufffd]")
@@ -257,7 +258,7 @@ def strip_prefixes(line: str) -> tuple[str, float | None, str | None]:
     if "\x1b" in msg:
         msg = _ANSI.sub("", msg)
     for _ in range(12):
-        msg = _unwrap(msg)
+        msg = _unwrap(msg).lstrip()
         m = _KMSG.match(msg)
         if m:
             stamp(int(m.group(3)) / 1e6, "mono")
@@ -267,7 +268,7 @@ def strip_prefixes(line: str) -> tuple[str, float | None, str | None]:
         if m:
             msg = msg[m.end():]
             continue
-        m = _TALOS.match(msg) or _PDSH.match(msg)
+        m = _TALOS.match(msg)
         if m:
             msg = msg[m.end():]
             continue
