@@ -71,7 +71,9 @@ NUL bytes are padding (a kern.log after a power loss holds runs of them where th
 had allocated blocks that were never written): a NUL run (or a lone CR, a progress bar's
 line end) splits a line into pieces, each read as a line of its own with the same line
 number.  A line longer than :data:`MAX_LINE` is read in pieces of at most that length (cut at
-a space where one is near), never dropped; its number is in :attr:`Parsed.long_lines`.  Pieces
+a space where one is near), never dropped; its number is in :attr:`Parsed.long_lines`.  A run of
+more than :data:`MAX_TOKEN` word characters (a base64 blob) is shortened to that many (the line's
+number is in :attr:`Parsed.shortened`).  Pieces
 that hold other control characters (binary data) or undecodable bytes are skipped and their
 line counted in ``skipped``; empty lines are ignored.
 
@@ -94,6 +96,12 @@ from typing import Iterable
 
 #: longest piece of a line read as one message; a longer line is read in pieces this long
 MAX_LINE = 16384
+#: longest run of word characters kept: a longer one (a base64 blob, a hex dump on one line) is
+#: shortened to this many.  No producer read here prints a word that long (printk records are at
+#: most 1 KiB, NCCL formats each line into a 1 KiB buffer), and the families' patterns are not
+#: written for it: one of them needs time quadratic in the length of a word.
+MAX_TOKEN = 128
+_LONG_WORD = re.compile(r"\w{%d,}" % (MAX_TOKEN + 1))
 
 _MONTHS = {m: i + 1 for i, m in enumerate(("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec"))}
 #: month abbreviations journalctl prints under other locales (``%b``; glibc localedata LC_TIME
@@ -142,6 +150,8 @@ _KUBE_PREFIX = re.compile(r"^\[[a-z][a-z.]*/[^/\]\s]+/[^\]\s]+\][ ]")
 _ROLE = re.compile(r"^\[[A-Za-z_][\w.-]*?\d+\]:[ ]?")  # [default3]: (torchrun --tee), [rank3]: (TORCH_LOGS)
 _MPI = re.compile(r"^\[\d+,\d+\]<std(?:out|err|diag)>:[ ]?")
 _WRAPPERS = (_QUOTE, _BULLET, _LINENO, _KUBE_PREFIX, _ROLE, _MPI, _PDSH)
+#: any one of them (one match a step instead of seven)
+_WRAPPER = re.compile("|".join(f"(?:{p.pattern[1:]})" for p in _WRAPPERS))
 
 _CONT = re.compile(r"^\s+NVRM:\s?(.*)$")
 _BAD_CHARS = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\ufffd]")
@@ -176,13 +186,15 @@ class Record:
 class Parsed:
     """What :func:`parse_lines` read: the records, the number of input lines, the numbers of
     the lines skipped as unreadable (binary or undecodable; a long line of which only some
-    pieces were unreadable is counted too), and the numbers of the lines longer than
-    :data:`MAX_LINE`, read in pieces."""
+    pieces were unreadable is counted too), the numbers of the lines longer than
+    :data:`MAX_LINE`, read in pieces, and of those in which a word longer than
+    :data:`MAX_TOKEN` was shortened."""
 
     records: list[Record]
     lines: int
     skipped: list[int]
     long_lines: list[int] = field(default_factory=list)
+    shortened: list[int] = field(default_factory=list)
 
 
 def _frac(text: str | None) -> float:
@@ -215,13 +227,10 @@ def _unwrap(line: str) -> str:
     if line.startswith("\ufeff"):
         line = line[1:]
     for _ in range(8):
-        for pat in _WRAPPERS:
-            m = pat.match(line)
-            if m and m.end():
-                line = line[m.end():]
-                break
-        else:
+        m = _WRAPPER.match(line)
+        if not m or not m.end():
             return line
+        line = line[m.end():]
     return line
 
 
@@ -339,12 +348,13 @@ def _pieces(text: str) -> list[str]:
     """``text`` split at NUL runs and lone CRs, each piece at most :data:`MAX_LINE` long."""
     out: list[str] = []
     for piece in _SPLIT.split(text):
-        while len(piece) > MAX_LINE:
-            cut = piece.rfind(" ", MAX_LINE - 512, MAX_LINE)
-            cut = cut if cut > 0 else MAX_LINE
-            out.append(piece[:cut])
-            piece = piece[cut:]
-        out.append(piece)
+        at = 0
+        while len(piece) - at > MAX_LINE:
+            cut = piece.rfind(" ", at + MAX_LINE - 512, at + MAX_LINE)
+            cut = cut if cut > at else at + MAX_LINE
+            out.append(piece[at:cut])
+            at = cut
+        out.append(piece[at:] if at else piece)
     return out
 
 
@@ -368,6 +378,7 @@ def parse_lines(lines: Iterable) -> Parsed:
     records: list[Record] = []
     skipped: list[int] = []
     long_lines: list[int] = []
+    shortened: list[int] = []
     st = _State()
     n = 0
     any_ended = False  # some earlier line had a line end
@@ -393,19 +404,23 @@ def parse_lines(lines: Iterable) -> Parsed:
                 partial[stream] = (first, text)
                 continue
         before = len(records)
-        _read_line(text, first, n, records, skipped, long_lines, st)
+        _read_line(text, first, n, records, skipped, long_lines, shortened, st)
         last_open = records[-1] if not has_end and any_ended and len(records) > before else None
         any_ended = any_ended or has_end
     for first, text in partial.values():  # pieces whose end never came: read as they are
-        _read_line(text, first, n, records, skipped, long_lines, st)
+        _read_line(text, first, n, records, skipped, long_lines, shortened, st)
     if last_open is not None:
         last_open.cut = True
-    return Parsed(records, n, skipped, long_lines)
+    return Parsed(records, n, skipped, long_lines, shortened)
 
 
 def _read_line(text: str, first: int, n: int, records: list[Record], skipped: list[int], long_lines: list[int],
-               st: _State) -> None:
-    if len(text) > MAX_LINE:
+               shortened: list[int], st: _State) -> None:
+    if len(text) > MAX_TOKEN:
+        text, k = _LONG_WORD.subn(lambda m: m.group()[:MAX_TOKEN], text)
+        if k and n not in shortened[-1:]:
+            shortened.append(n)
+    if len(text) > MAX_LINE and n not in long_lines[-1:]:
         long_lines.append(n)
     for piece in _pieces(text):
         _one(piece, first, n, records, skipped, st)

@@ -217,7 +217,7 @@ def test_lone_cr_and_nul_runs_split_a_line():
 
 
 def test_long_line_is_read_in_pieces_and_counted():
-    filler = "x" * (3 * MAX_LINE)
+    filler = "lorem ipsum " * (3 * MAX_LINE // 12)
     p = parse_lines(["[ 1.0] " + LINK + " " + filler + " " + XID, "[ 2.0] " + LINK])
     assert p.long_lines == [1] and p.skipped == []
     assert all(len(r.msg) <= MAX_LINE for r in p.records)
