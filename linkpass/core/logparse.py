@@ -97,9 +97,10 @@ from typing import Iterable
 #: longest piece of a line read as one message; a longer line is read in pieces this long
 MAX_LINE = 16384
 #: longest run of word characters kept: a longer one (a base64 blob, a hex dump on one line) is
-#: shortened to this many.  No producer read here prints a word that long (printk records are at
-#: most 1 KiB, NCCL formats each line into a 1 KiB buffer), and the families' patterns are not
-#: written for it: one of them needs time quadratic in the length of a word.
+#: shortened to this many.  No producer read here prints a word that long (a device name, bus id,
+#: GUID or code is far shorter; a printk record's text is at most 1 KiB, kernel/printk/printk.c,
+#: and NCCL formats each line into a 1 KiB buffer, src/debug.cc ncclDebugLog), and the families'
+#: patterns are not written for it: one of them takes time quadratic in a word's length.
 MAX_TOKEN = 128
 _LONG_WORD = re.compile(r"\w{%d,}" % (MAX_TOKEN + 1))
 
