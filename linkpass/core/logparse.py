@@ -40,7 +40,9 @@ systemd ``src/shared/logs-show.c``, ``output_short()``, documented in journalctl
   full, ``:`` between tags) ``2024-01-02T03:04:05.123456789Z stderr F msg``, where ``P`` lines
   are pieces of one line the runtime split (joined here with the next piece of the same
   stream), and Docker's json-file driver ``{"log":"msg\\n","stream":"stderr","time":"..."}``
-  (a ``log`` without its ``\\n`` is a partial piece, joined the same way);
+  (a ``log`` without its ``\\n`` is a partial piece, joined the same way); and ``journalctl -o json``
+  (systemd's Journal JSON Format: ``MESSAGE``, a string or an array of bytes, stamped by
+  ``__REALTIME_TIMESTAMP`` in microseconds since 1970);
 - Talos-style ``node: kern: warning: [2026-04-22T21:25:20.45Z]: msg`` and pdsh/clush's
   ``host: `` in front of any of the stamps above.
 
@@ -241,12 +243,23 @@ def _container(line: str) -> tuple[str, bool, str] | None:
     m = _CRI.match(line)
     if m:
         return m.group(2), "P" in m.group(3).split(":"), f"{m.group(1)} {m.group(4)}"
-    if line.startswith('{"') and '"log"' in line:
+    if line.startswith('{"') and ('"log"' in line or '"MESSAGE"' in line):
         try:
             d = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):
             return None
-        if isinstance(d, dict) and isinstance(d.get("log"), str):
+        if not isinstance(d, dict):
+            return None
+        msg = d.get("MESSAGE")
+        if isinstance(msg, list) and all(isinstance(b, int) and 0 <= b < 256 for b in msg):
+            msg = bytes(msg).decode("utf-8", errors="replace")  # not valid UTF-8: an array of bytes
+        if isinstance(msg, str):
+            us = d.get("__REALTIME_TIMESTAMP")
+            t = ""
+            if isinstance(us, str) and us.isdigit():
+                t = datetime.fromtimestamp(int(us) // 1_000_000, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S") + f".{int(us) % 1_000_000:06d}Z "
+            return "", False, t + msg.rstrip("\r\n")
+        if isinstance(d.get("log"), str):
             log = d["log"]
             partial = not log.endswith("\n")
             t = d.get("time") if isinstance(d.get("time"), str) else ""

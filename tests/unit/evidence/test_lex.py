@@ -89,6 +89,8 @@ PREFIXES = {
     "cri-full": ("2024-03-05T07:08:09.123456789Z stderr F {m}", 1709622489.123456789, "wall"),
     "cri-offset": ("2024-03-05T08:08:09.5+01:00 stdout F {m}", 1709622489.5, "wall"),
     "docker-json": (None, 1709622489.25, "wall"),
+    # journalctl -o json (systemd Journal JSON Format)
+    "journal-json": ("journal-json", 1709622489.123456, "wall"),
     # rank labels: torchrun --tee, TORCH_LOGS, srun --label, Open MPI --tag-output, pdsh
     "torchrun-tee": ("[default3]:{m}", None, None),
     "torch-logs-rank": ("[rank3]:{m}", None, None),
@@ -120,6 +122,9 @@ def _line(name: str, msg: str) -> str:
     fmt = PREFIXES[name][0]
     if fmt is None:  # Docker json-file: one JSON object a line, the message's line end inside
         return json.dumps({"log": msg + "\n", "stream": "stderr", "time": "2024-03-05T07:08:09.25Z"})
+    if fmt == "journal-json":
+        return json.dumps({"__CURSOR": "s=1;i=2", "__REALTIME_TIMESTAMP": "1709622489123456",
+                           "__MONOTONIC_TIMESTAMP": "5123004417", "_TRANSPORT": "kernel", "MESSAGE": msg})
     return fmt.format(m=msg)
 
 
@@ -178,6 +183,13 @@ def test_docker_partial_pieces_are_joined_and_an_unfinished_piece_is_still_read(
     p = parse_lines(lines)
     assert [(r.msg, r.first_line, r.last_line) for r in p.records] == [(XID, 1, 2), (LINK, 3, 3)]
     assert {i.code for i in classify(lines)} == {"xid:48", "mlx5:link_down"}
+
+
+def test_journal_json_message_as_bytes():
+    line = json.dumps({"__REALTIME_TIMESTAMP": "1709622489000000", "MESSAGE": list(LINK.encode())})
+    assert strip_prefixes(line) == (LINK, 1709622489.0, "wall")
+    bad = json.dumps({"__REALTIME_TIMESTAMP": "1709622489000000", "MESSAGE": list(b"\xff\xfe" + LINK.encode())})
+    assert parse_lines([bad]).skipped == [1]  # undecodable: counted, not guessed
 
 
 def test_not_json_after_all_is_a_plain_line():
