@@ -433,6 +433,9 @@ PATTERNS: list[tuple[str, re.Pattern]] = [
     # The code ends at a comma or at the end of a complete line (never at the end of a cut one).
     ("xid", _ST(r"(?:NVRM: |nvidia_dev_xid: )Xid \((?:PCI:)?" + _BUS_OR_ELIDED
                 + r"(?: GPU-I:\w+)?(?: GPU-CI:\w+)?\): (\d+)(?:\s*,\s*(.*)|\s*)$")),
+    # the same line pasted with the parenthesised bus id cut out ("NVRM: Xid 79, GPU has fallen
+    # off the bus."): the GPU is unknown, the code still reads (groups as above, bus None)
+    ("xid", _ST(r"NVRM: Xid ()(\d+)(?:\s*,\s*(.*)|\s*)$")),
     ("xid_banner", _ST(r"NVRM: _kgspLogXid(\d+):")),
     # kernel_rc.c _krcLogUuidOnce: "NVRM: GPU at PCI:%04x:%02x:%02x: %s" (the GPU's UUID)
     ("gpu_at", _ST(r"NVRM: GPU at PCI:(" + BUSPAT + r")")),

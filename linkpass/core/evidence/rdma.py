@@ -145,7 +145,7 @@ PATTERNS: list[tuple[str, re.Pattern]] = [
     ("async", _ST(r"NET/IB\s*:\s*" + _DEV + r"\s+(GID table changed)()\s*$")),
     ("async", _ST(r"NET/IB\s*:\s*(?:" + _DEV + r"\s+)?unknown event type\s*\(()(-?\d+)\)")),
     # other producers' wording of the same events (kept from the corpus): "mlx5_0:1 async event: port error"
-    ("async", _ST(r"(?:(mlx\w+|\w+_\d+):(\d+)\s+)?async (?:fatal )?event(?: on QP \S+)?\s*:\s*([a-z][a-z_ ]+?)()\s*$")),
+    ("async", _ST(r"(?:\b(mlx\w+|\w+_\d+):(\d+)\s+)?\basync (?:fatal )?event(?: on QP \S+)?\s*:\s*([a-z][a-z_ ]+?)()\s*$")),
     ("ibv_call", _ST(r"Call to (ibv_\w+) failed(?: with (?:error )?(.*))?$")),
 ]
 
