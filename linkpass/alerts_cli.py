@@ -265,7 +265,7 @@ async def _tail(args, mc, host: str, port: int) -> int:
     console = None
     if not args.json:
         from rich.console import Console
-        console = Console(highlight=False, soft_wrap=True)
+        console = Console(emoji=False, highlight=False, soft_wrap=True)
     seen: OrderedDict[str, None] = OrderedDict()
     printed = 0
     loop = asyncio.get_running_loop()

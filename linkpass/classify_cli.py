@@ -161,11 +161,12 @@ _COLORS = {"gpu": "red", "nvlink": "red", "gpu-memory": "yellow", "nic-link": "m
 
 def _print_table(result: Classification) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
-    c = Console()
+    c = Console(emoji=False)
     if not c.is_terminal:  # a pipe or file: do not cut the bus ids and codes short
-        c = Console(width=160)
+        c = Console(emoji=False, width=160)
     incs = result.incidents
     roots = sum(1 for i in incs if i.secondary_of is None)
     if not incs:
@@ -174,7 +175,8 @@ def _print_table(result: Classification) -> None:
     t = Table("#", "domain", "device", "code", "action", "remedy", "follows", "lines", "seen")
     for n, i in enumerate(incs):
         lines = f"{i.first_line}" if i.first_line == i.last_line else f"{i.first_line}-{i.last_line}"
-        t.add_row(str(n), f"[{_COLORS.get(i.domain, 'white')}]{i.domain}[/]", i.device or "-", i.code,
+        code = escape(i.code) + ("" if i.known else " [dim](unknown code)[/]")
+        t.add_row(str(n), f"[{_COLORS.get(i.domain, 'white')}]{i.domain}[/]", escape(i.device or "-"), code,
                   f"[bold]{i.action}[/]" if i.action != "none" else i.action, i.remedy,
                   "-" if i.secondary_of is None else f"#{i.secondary_of}", lines, f"{i.count}x")
     c.print(t)

@@ -132,7 +132,7 @@ def _print_status(st: dict) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    c = Console()
+    c = Console(emoji=False)
     c.print(f"[bold]{st['host']}[/] mode {st['mode']}  generation {st['generation']} (applied {st['applied_generation']})  uptime {st['uptime_s']} s")
     for line in _status_lines(st):
         c.print(line, markup=False, highlight=False, soft_wrap=True)

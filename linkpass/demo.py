@@ -292,7 +292,7 @@ def _print_summary(r: dict) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    c = Console()
+    c = Console(emoji=False)
     ok = r["steps_lost"] == 0 and r["weights_match_reference"]
     t = Table(title="linkpass demo: training through a rail cut", show_header=False)
     t.add_row("result", "[green]job kept training, weights identical to the fault-free run[/]" if ok else "[red]job was disturbed[/]")
@@ -543,7 +543,7 @@ def _print_rebuild_summary(r: dict) -> None:
     t.add_row("longest step (stall)", f"{r['max_step_stall_ms']} ms (median {r['median_step_ms']} ms)")
     t.add_row("rail bytes before / after cut", f"{json.dumps(r['rail_bytes_before_cut'])} / {json.dumps(r['rail_bytes_after_cut'])}")
     t.add_row("linkpass kernel routes", f"{json.dumps(r['kernel_routes'])} (reroute = notify-only)")
-    Console().print(t)
+    Console(emoji=False).print(t)
 
 
 # --------------------------------------------------------------------------- scenario "device-fault"
@@ -780,4 +780,4 @@ def _print_device_fault_summary(r: dict) -> None:
     t.add_row("spare join", json.dumps(r["migration"]))
     t.add_row("faulty process exit", str(r["faulty_exit"]))
     t.add_row("rank exits", json.dumps(r["rank_exits"]))
-    Console().print(t)
+    Console(emoji=False).print(t)

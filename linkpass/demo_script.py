@@ -284,4 +284,4 @@ def print_summary(r: dict) -> None:
     t.add_row("longest step (stall)", f"{r['max_step_stall_ms']} ms (median {r['median_step_ms']} ms)")
     t.add_row("protected modules", ", ".join(f"{m['kind']}:{m['class']} ({m['numel']} params)" for m in r["protected_modules"]))
     t.add_row("script sha256", r["script_sha256"][:16] + "...")
-    Console().print(t)
+    Console(emoji=False).print(t)

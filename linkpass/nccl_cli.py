@@ -314,7 +314,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     d.add_argument("--no-daemon", action="store_true", help="do not ask a daemon: health from the topology only")
     t = p.add_mutually_exclusive_group()
     t.add_argument("--sysfs-root", metavar="DIR", help="read a captured sysfs tree instead of the live host")
-    t.add_argument("--from", dest="from_files", nargs="+", metavar="FILE", default=[],
+    t.add_argument("--from", dest="from_files", nargs="+", action="extend", metavar="FILE", default=None,
                    help="captured tool outputs, as `linkpass topology --from` takes them")
     p.add_argument("--no-live", action="store_true", help="do not ask netlink or NVML (sysfs only)")
     p.add_argument("--nccl-version", metavar="X.Y.Z", help="the job's NCCL version (default: [nccl] version, else the "

@@ -80,9 +80,10 @@ def _load(args) -> Topology:
 
 def _table(doc: dict) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
-    c = Console()
+    c = Console(emoji=False)
     title = f"host {doc['host'] or '(from files)'}: {len(doc['gpus'])} GPU(s), {len(doc['nics'])} NIC(s), {len(doc['rails'])} rail(s)"
     c.print(f"[bold]{title}[/]")
     if doc["gpus"]:
@@ -109,7 +110,7 @@ def _table(doc: dict) -> None:
     if doc["unclassified_devices"]:
         c.print(f"unclassified PCI devices: {', '.join(doc['unclassified_devices'])}")
     for w in doc["warnings"]:
-        c.print(f"[yellow]warning:[/] {w}")
+        c.print(f"[yellow]warning:[/] {escape(w)}", highlight=False)
 
 
 def matrix(topo: Topology) -> str:
@@ -177,7 +178,7 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("action", nargs="?", choices=["show", "capture"], default="show",
                    help="show (default) or capture the sysfs files discovery reads into --out DIR")
     p.add_argument("--sysfs-root", metavar="DIR", help="read a captured sysfs tree instead of /")
-    p.add_argument("--from", dest="from_files", nargs="+", metavar="FILE", default=[],
+    p.add_argument("--from", dest="from_files", nargs="+", action="extend", metavar="FILE", default=None,
                    help="captured tool outputs: NCCL topology XML, nvidia-smi topo -m/-mp, ibstat, ibstatus, "
                         "ibv_devinfo, ibdev2netdev, rdma link (several files may describe one host)")
     out = p.add_mutually_exclusive_group()

@@ -76,8 +76,8 @@ number.  A line longer than :data:`MAX_LINE` is read in pieces of at most that l
 a space where one is near), never dropped; its number is in :attr:`Parsed.long_lines`.  A run of
 more than :data:`MAX_TOKEN` word characters (a base64 blob) is shortened to that many (the line's
 number is in :attr:`Parsed.shortened`).  Pieces
-that hold other control characters (binary data) or undecodable bytes are skipped and their
-line counted in ``skipped``; empty lines are ignored.
+that hold other control characters (binary data), or more than :data:`BAD_SHARE` undecodable
+bytes, are skipped and their line counted in ``skipped`` (a few undecodable bytes read as ``?``); empty lines are ignored.
 
 A last input line without a line end while the others have one (a file cut off mid-write)
 is *cut*: its record has ``cut=True``, and a message cut short is read with care (an Xid code
@@ -157,7 +157,10 @@ _WRAPPERS = (_QUOTE, _BULLET, _LINENO, _KUBE_PREFIX, _ROLE, _MPI, _PDSH)
 _WRAPPER = re.compile("|".join(f"(?:{p.pattern[1:]})" for p in _WRAPPERS))
 
 _CONT = re.compile(r"^\s+NVRM:\s?(.*)$")
-_BAD_CHARS = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\ufffd]")
+_BAD_CHARS = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+#: a line with more undecodable characters than this share is binary; fewer (a process name in
+#: Latin-1 inside an Xid line) are read as ``?``
+BAD_SHARE = 0.1
 _SPLIT = re.compile(r"[\x00\r\n]+")
 _PREFIXED_CONT = re.compile(r"^NVRM:\s?([a-z(].*)$")
 _SENTENCE_END = (".", ":", "!", "?", ";")
@@ -450,10 +453,13 @@ def _one(line: str, first: int, n: int, records: list[Record], skipped: list[int
         return
     if "\x1b" in line:
         line = _ANSI.sub("", line)
-    if _BAD_CHARS.search(line.replace("\t", " ")):
+    bad = line.count("\ufffd")
+    if _BAD_CHARS.search(line.replace("\t", " ")) or bad > BAD_SHARE * len(line):
         if n not in skipped[-1:]:
             skipped.append(n)
         return
+    if bad:
+        line = line.replace("\ufffd", "?")
     if st.prev_kmsg and _KMSG_DICT.match(line):
         records[-1].last_line = n
         return

@@ -129,7 +129,7 @@ def cmd_show(args: argparse.Namespace) -> int:
                 state += f" [bold yellow]{f['mode']}[/bold yellow]"
             cells.append(f"{hr['address']} {state}")
         t.add_row(*cells)
-    con = Console()
+    con = Console(emoji=False)
     con.print(t)
     con.print(f"state: {desc['state_dir']}  key: {desc['notice_key_file']}")
     if live_error:

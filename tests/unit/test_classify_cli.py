@@ -123,3 +123,12 @@ def test_undecodable_lines_are_reported_not_fatal(capsys, tmp_path):
 def test_console_script_subprocess():
     p = subprocess.run([sys.executable, "-m", "linkpass.cli", "classify", "--json", str(LIT)], capture_output=True, text=True, timeout=60)
     assert p.returncode == 0 and len(p.stdout.splitlines()) == 2
+
+
+def test_bus_ids_are_printed_as_they_are(capsys, tmp_path):
+    f = tmp_path / "k.log"  # rich would turn ":ab:" into an emoji shortcode
+    f.write_text("[ 1.0] NVRM: Xid (PCI:0000:ab:00): 79, pid=1, name=p, GPU has fallen off the bus.\n"
+                 "[ 2.0] NVRM: Xid (PCI:0000:ab:00): 999, pid=1, name=p, x\n")
+    rc, out, err = run_cli([str(f)], capsys)
+    assert rc == 0 and "0000:ab:00.0" in out and "\U0001f18e" not in out
+    assert "xid:999 (unknown code)" in out

@@ -595,8 +595,9 @@ class Rules:
     def link_xid(self, x: Inc) -> None:
         n = x.x["xid"]
         role = XID_LINKS.get(n)
-        same = self.roots_like(lambda i: i is not x and i.gpu == x.gpu and i.kind in ("xid", "fallen")
-                               and XID_LINKS.get(i.x.get("xid")) != "follow")
+        # the same GPU: two lines whose bus id was cut out may be of two GPUs, so no GPU is the same
+        same = self.roots_like(lambda i: i is not x and x.gpu is not None and i.gpu == x.gpu
+                               and i.kind in ("xid", "fallen") and XID_LINKS.get(i.x.get("xid")) != "follow")
         if role == "follow":
             cause = x.x.get("cause")
             pool = [i for i in same if cause is not None and i.x.get("xid") == cause] or same

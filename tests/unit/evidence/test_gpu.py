@@ -363,3 +363,13 @@ def test_malformed_lines_never_raise(line):
 def test_module_cites_its_sources():
     doc = gpu.__doc__
     assert "analyzing-xid-catalog" in doc and "kernel_rc.c" in doc and "nverror.h" in doc
+
+
+def test_lines_with_their_bus_id_cut_out_are_not_taken_for_one_gpu():
+    from linkpass.core.classify import classify_text
+
+    incs = classify_text("[Mon Mar  3 10:15:01 2025] NVRM: Xid 79, GPU has fallen off the bus.\n"
+                         "[Mon Mar  3 10:15:02 2025] NVRM: Xid (PCI:<redacted>): 48, pid=1, An uncorrectable double bit "
+                         "error (DBE) has been detected\n")
+    assert [(i.code, i.device, i.secondary_of, i.remedy) for i in incs] == [
+        ("xid:79", None, None, "reboot-node"), ("xid:48", None, None, "reset-gpu")]

@@ -188,8 +188,11 @@ def test_docker_partial_pieces_are_joined_and_an_unfinished_piece_is_still_read(
 def test_journal_json_message_as_bytes():
     line = json.dumps({"__REALTIME_TIMESTAMP": "1709622489000000", "MESSAGE": list(LINK.encode())})
     assert strip_prefixes(line) == (LINK, 1709622489.0, "wall")
-    bad = json.dumps({"__REALTIME_TIMESTAMP": "1709622489000000", "MESSAGE": list(b"\xff\xfe" + LINK.encode())})
-    assert parse_lines([bad]).skipped == [1]  # undecodable: counted, not guessed
+    few = json.dumps({"__REALTIME_TIMESTAMP": "1709622489000000", "MESSAGE": list(b"\xff\xfe" + LINK.encode())})
+    p = parse_lines([few])  # two undecodable bytes in a line of text: read, as "?"
+    assert p.skipped == [] and p.records[0].msg == "??" + LINK
+    bad = json.dumps({"__REALTIME_TIMESTAMP": "1709622489000000", "MESSAGE": list(b"\xff\xfe" * 40 + LINK.encode())})
+    assert parse_lines([bad]).skipped == [1]  # mostly undecodable: counted, not guessed
 
 
 def test_not_json_after_all_is_a_plain_line():

@@ -87,10 +87,16 @@ def test_random_bytes_are_skipped_and_counted():
 def test_evidence_between_binary_lines_is_read():
     rnd = random.Random(11)
     junk = [bytes(rnd.randrange(1, 32) for _ in range(80)) for _ in range(50)]
-    lines = junk[:25] + [("[ 9.5] " + XID79).encode()] + junk[25:] + [b"\xff\xfe\xfa " + LINK.encode()]
+    lines = junk[:25] + [("[ 9.5] " + XID79).encode()] + junk[25:] + [b"\xff\xfe\xfa" * 10 + b" " + LINK.encode()]
     rep = ok(lines)
     assert [(i.code, i.first_line) for i in rep.incidents] == [("xid:79", 26)]
     assert 52 in rep.skipped and 26 not in rep.skipped
+
+
+def test_a_few_undecodable_bytes_in_a_line_of_text_do_not_hide_it():
+    # a process name in Latin-1 inside an Xid line: the line is read, the bytes as "?"
+    rep = ok([("[ 9.5] " + XID79).encode().replace(b"fallen", b"f\xe9llen"), b"\xff\xfe\xfa " + LINK.encode()])
+    assert [i.code for i in rep.incidents] == ["xid:79", "mlx5:link_down"] and rep.skipped == []
 
 
 def test_items_that_are_not_lines_are_counted():

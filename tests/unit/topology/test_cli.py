@@ -48,6 +48,31 @@ def test_several_files_combine_for_one_host():
     assert any(n["ports"] for n in doc["nics"] if n["name"] == "mlx5_0")
 
 
+def test_from_given_twice_adds_the_files():
+    a = run("--from", str(corpus_file("ib_tools/gpud_h100_ib400_mixed_eth_some_down.ibstat.txt")),
+            "--from", str(corpus_file("nvsmi_topo/hgx_h100_8gpu_8nic_1to1_pix.nvsmi_topo.txt")), "--json")
+    assert a.returncode == 0, a.stderr
+    doc = json.loads(a.stdout)
+    assert len(doc["gpus"]) == 8 and any(n["ports"] for n in doc["nics"] if n["name"] == "mlx5_0")
+
+
+def test_bus_ids_are_printed_as_they_are():
+    # rich would turn ":ab:" into an emoji shortcode
+    xml = ('<system version="1"><cpu numaid="0" arch="x86_64"><pci busid="0000:ab:00.0" class="0x030200" '
+           'vendor="0x10de" device="0x2330"/><pci busid="0000:cd:00.0" class="0x020700"><nic><net name="mlx5_0" '
+           'dev="0" port="1" speed="400000" gdr="1"/></nic></pci></cpu></system>')
+    import tempfile
+
+    with tempfile.NamedTemporaryFile("w", suffix=".xml", delete=False) as f:
+        f.write(xml)
+    try:
+        t = run("--from", f.name)
+    finally:
+        os.unlink(f.name)
+    assert t.returncode == 0, t.stderr
+    assert "0000:ab:00.0" in t.stdout and "\U0001f18e" not in t.stdout
+
+
 def test_matrix_and_table_render():
     f = str(corpus_file("nvsmi_topo/dgxa100_style_8xA100_10nic_amd_8numa.nvsmi_topo.txt"))
     m = run("--from", f, "--matrix")
