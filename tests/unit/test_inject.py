@@ -51,7 +51,7 @@ def test_unknown_fabric_and_host_out_of_range(monkeypatch, tmp_path, capsys):
     assert cli.main(["inject", "device-fault", "--host", "1", "--gpu", "0"]) == 0
     out = capsys.readouterr().out
     assert out == (f"injected Xid 79 on host 1 GPU 0 (0000:18:00.0): appended to {tmp_path / 'h1.kmsg'}, which that "
-                   "host's daemon follows (`linkpass status` shows the incident)\n")
+                   "host's daemon follows (`linkpass status` counts its device incidents)\n")
     assert (tmp_path / "h1.kmsg").read_text().splitlines()[1].startswith("3,2,")
 
 
