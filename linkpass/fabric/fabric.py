@@ -493,7 +493,8 @@ def up(
         mode: ``host-ip`` or ``per-rail-ip``, written to each host's daemon config.
 
     Returns:
-        The description dict (also in ``fabric.json``), schema ``linkpass.fabric/v1``.
+        The description dict (also in ``fabric.json``), schema ``linkpass.fabric/v1``, plus
+        ``existed`` (not in the file): True when the fabric was already up and nothing was built.
 
     If a complete fabric of that name and shape already exists, its description is returned and
     nothing in the kernel changes (if ``mode`` or ``hold_down_ms`` differ, only the daemon configs
@@ -529,7 +530,7 @@ def up(
                 else:
                     existing.pop("configs_rewritten", None)
                 _write_state(existing)
-                return existing
+                return {**existing, "existed": True}  # not in fabric.json: what this call found
             _teardown(existing)
         desc = _plan(name, hosts, rails, mode, hold_down_ms)
         for ns in desc["netns"]:
@@ -554,7 +555,7 @@ def up(
             raise FabricKernelError(f"fabric up failed ({note}): {e}") from None
         desc["status"] = "ready"
         _write_state(desc)
-        return desc
+        return {**desc, "existed": False}
 
 
 def down(name: str = "lp") -> bool:
