@@ -35,6 +35,7 @@ def test_up_on_an_existing_fabric_says_it_exists_and_what_it_is(existing, capsys
     assert out.startswith("fabric zz exists already, nothing built (`linkpass fabric down --name zz` removes it): "
                           "2 host(s) x 1 rail(s), mode host-ip; namespaces zz-fab, zz-h0..zz-h1; ")
     assert all("existed" not in d for d in written)  # fabric.json keeps its fields
+    assert F.up(2, 1, "zz") == store["zz"]  # and up() returns the description as before
 
 
 def test_up_json_on_an_existing_fabric_has_existed_true(existing, capsys):
@@ -47,13 +48,13 @@ def test_up_json_on_an_existing_fabric_has_existed_true(existing, capsys):
 
 def test_up_line_of_a_new_fabric_and_of_one_with_cuts_left():
     desc = F._plan("zz", 3, 2, "per-rail-ip", 2000)
-    new = cli_line({**desc, "existed": False})
+    new = cli_line(desc, False)
     assert new.startswith("fabric zz: 3 host(s) x 2 rail(s), mode per-rail-ip; namespaces zz-fab, zz-h0..zz-h2; ")
-    cut = cli_line({**desc, "existed": True, "faults": [{"host": 1, "rail": 0, "mode": "admin-down"}]})
+    cut = cli_line({**desc, "faults": [{"host": 1, "rail": 0, "mode": "admin-down"}]}, True)
     assert "exists already" in cut and cut.endswith("; 1 cut link(s) still in place (`linkpass fabric show --name zz`)")
 
 
-def cli_line(desc: dict) -> str:
+def cli_line(desc: dict, existed: bool) -> str:
     from linkpass.fabric.cli import up_line
 
-    return up_line(desc)
+    return up_line(desc, existed)
