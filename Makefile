@@ -8,7 +8,7 @@ STAMP_APT := $(VENV)/.apt-done
 STAMP_PY := $(VENV)/.py-done
 PROMTOOL := $(BIN)/promtool
 
-.PHONY: demo test install system-deps bench unit clean example-config
+.PHONY: demo test install system-deps bench unit clean example-config install-service
 
 install: $(STAMP_PY)
 
@@ -58,6 +58,27 @@ bench: install
 example-config: install
 	$(BIN)/linkpass config show --defaults --example > deploy/linkpass.toml.example.tmp
 	mv deploy/linkpass.toml.example.tmp deploy/linkpass.toml.example
+
+# The systemd install on a node (as root): a venv of its own in $(SERVICE_VENV) with this
+# repository and its pinned dependencies, the command at $(PREFIX)/bin/linkpass (the path
+# deploy/linkpass.service's ExecStart runs), the unit, and the example config unless a config is
+# there already.  Run it again to upgrade: nothing an operator edited is replaced.  DESTDIR
+# stages everything under another root (packaging; the tests use it).
+PREFIX ?= /usr/local
+SERVICE_VENV ?= /opt/linkpass
+UNIT_DIR ?= /etc/systemd/system
+CONF_DIR ?= /etc/linkpass
+install-service:
+	@if [ -z "$(DESTDIR)" ] && [ "$$(id -u)" != 0 ]; then echo "make: install-service: run as root"; exit 2; fi
+	@[ -x $(DESTDIR)$(SERVICE_VENV)/bin/python ] || $(PY) -m venv $(DESTDIR)$(SERVICE_VENV)
+	$(DESTDIR)$(SERVICE_VENV)/bin/pip install -q --upgrade .
+	install -d -m 0755 $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(UNIT_DIR) $(DESTDIR)$(CONF_DIR)
+	ln -sfn $(SERVICE_VENV)/bin/linkpass $(DESTDIR)$(PREFIX)/bin/linkpass
+	install -m 0644 deploy/linkpass.service $(DESTDIR)$(UNIT_DIR)/linkpass.service
+	@[ -e $(DESTDIR)$(CONF_DIR)/linkpass.toml ] || install -m 0644 deploy/linkpass.toml.example $(DESTDIR)$(CONF_DIR)/linkpass.toml
+	@echo "installed $(PREFIX)/bin/linkpass -> $(SERVICE_VENV)/bin/linkpass and $(UNIT_DIR)/linkpass.service;" \
+	  "next: edit $(CONF_DIR)/linkpass.toml, add the notice key, linkpass config check $(CONF_DIR)/linkpass.toml," \
+	  "systemctl daemon-reload && systemctl enable --now linkpass"
 
 clean:
 	rm -rf $(VENV) *.egg-info demo-result.json

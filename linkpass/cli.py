@@ -22,7 +22,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
+import select
+import signal
 import sys
+
+#: Exit status when the reader of stdout went away (``linkpass status --history | head -1``):
+#: 128 + SIGPIPE, what a shell reports for a command that SIGPIPE ends (``yes | head -1``).
+EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE
 
 
 def _die(msg: str, code: int) -> int:
@@ -259,9 +266,42 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _stdout_reader_gone() -> bool:
+    """True when stdout is a pipe or socket whose reading end is closed (poll reports POLLERR)."""
+    try:
+        fd = sys.__stdout__.fileno()
+        p = select.poll()
+        p.register(fd, select.POLLOUT)
+        return any(ev & (select.POLLERR | select.POLLHUP) for _, ev in p.poll(0))
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _silence_stdout() -> None:
+    """Point fd 1 at /dev/null, so that the interpreter's flush at exit cannot fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.__stdout__.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    return args.func(args)
+    """Every sub-command.  A reader of stdout that goes away early (``| head -1``) ends the
+    command quietly with :data:`EXIT_BROKEN_PIPE`, as SIGPIPE ends other tools, not with a
+    BrokenPipeError traceback.  SIGPIPE itself stays ignored (Python's default), so the
+    daemon's sockets still get EPIPE rather than a signal that would kill it."""
+    try:
+        args = build_parser().parse_args(argv)
+        rc = args.func(args)
+        sys.stdout.flush()  # output still buffered meets a closed pipe here, not at exit
+        return rc
+    except BrokenPipeError:
+        if not _stdout_reader_gone():
+            raise
+        _silence_stdout()
+        return EXIT_BROKEN_PIPE
 
 
 if __name__ == "__main__":

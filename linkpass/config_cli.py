@@ -10,10 +10,12 @@ prints ``FILE: OK (...)`` on stdout, exit 0; or one line per problem on stderr,
 over 1 MiB, non-UTF-8 file, TOML syntax errors with line and column, unknown keys, inline
 secrets, bad values).  Then it reads the files the config names with the daemon's own functions
 (:func:`file_problems`): a notice key file or (with ``rails = "auto"``) a peers file that would
-stop the daemon at start is a problem line, exit 2; a bad MQTT password, key or certificate file
+stop the daemon at start is a problem line, exit 2, and so is ``rails = "auto"`` where discovery
+on this host finds no compute NIC with a netdev; no ``notice_key_file`` (peer notices and probes
+off) is a warning; a bad MQTT password, key or certificate file
 (the daemon runs on, without alerts) is a ``FILE: warning: mqtt.<option>: ...`` line on stderr,
-exit 0, and the OK line counts the warnings.  ``--no-files`` skips those file checks (for a
-config checked on another machine than its node).
+exit 0, and the OK line counts the warnings.  ``--no-files`` skips those file checks and
+discovery (for a config checked on another machine than its node).
 
 ``show FILE`` prints the validated config as TOML with every default filled in (options that are
 unset are left out).  ``show --defaults`` prints the default of every option, each under its
@@ -277,8 +279,10 @@ def file_problems(cfg: Config, source: str) -> tuple[list[str], list[str]]:
 
     Problems stop the daemon at start (exit 2): the notice key file
     (:func:`linkpass.config.notice_key`) and, with ``[topology] rails = "auto"``, the peers file
-    (:func:`linkpass.autoconf.read_peers_file`).  Warnings do not: lines of the peers file that
-    the daemon skips, a ``peers_file`` that is not read (rails not "auto"), and with
+    (:func:`linkpass.autoconf.read_peers_file`) and discovery finding no compute NIC with a netdev
+    (:func:`linkpass.discovery.resolve_live`, what the daemon runs at start).  Warnings do not: no
+    ``notice_key_file`` (the daemon runs with peer notices and probes off), lines of the peers
+    file that the daemon skips, discovery's warnings, a ``peers_file`` that is not read (rails not "auto"), and with
     ``mqtt.enabled`` the broker password and TLS files, checked by the MQTT adapter's
     :func:`~linkpass.adapters.mqtt.read_password_file` and
     :func:`~linkpass.adapters.mqtt.build_tls_context` (the daemon logs those and runs without
@@ -293,11 +297,15 @@ def file_problems(cfg: Config, source: str) -> tuple[list[str], list[str]]:
         ``<source>: warning: <key path>: <what is wrong>``.
     """
     from linkpass.autoconf import parse_peers_file, read_peers_file
+    from linkpass.discovery import resolve_live
 
     problems: list[str] = []
     warnings: list[str] = []
     try:
-        notice_key(cfg, source)
+        if notice_key(cfg, source) is None:  # the daemon runs, but blind to gray failures: say so
+            off = "peer notices and probes are off" if cfg.probe.enabled else "peer notices are off"
+            warnings.append(f"{source}: warning: daemon.notice_key_file: not set, so {off} "
+                            "(the key authenticates both; see `linkpass config show --defaults`)")
     except ConfigError as e:
         problems.append(str(e))
     if cfg.auto:
@@ -309,6 +317,13 @@ def file_problems(cfg: Config, source: str) -> tuple[list[str], list[str]]:
             if text is not None:
                 _, skipped = parse_peers_file(text, cfg.topology.peers_file)
                 warnings += [f"{source}: warning: topology.peers_file: {w}" for w in skipped]
+            try:  # discovery as `linkpass run` does it: no compute NIC stops the daemon at start
+                live = resolve_live(cfg, source)
+            except ConfigError as e:
+                problems.append(str(e))
+            else:
+                skipped_lines = set(skipped) if text is not None else set()
+                warnings += [f"{source}: warning: topology: {w}" for w in live.warnings if w not in skipped_lines]
     elif cfg.topology.peers_file:
         warnings.append(f"{source}: warning: topology.peers_file: not read: peers come from [[peers]] unless "
                         '[topology] rails = "auto"')
@@ -383,7 +398,8 @@ def register(subparsers) -> None:
     sub = c.add_subparsers(dest="config_command", required=True, metavar="check|show")
     k = sub.add_parser("check", help="validate FILE: exit 0, or one line per problem and exit 2",
                        description="Validate FILE as the daemon does at start, including the files it names "
-                       "(notice key, peers file; MQTT password and TLS files give warnings only): FILE: OK and "
+                       "(notice key, peers file, discovery with rails = \"auto\"; MQTT password and TLS files and a missing "
+                       "notice_key_file give warnings only): FILE: OK and "
                        "exit 0, or one line per problem and exit 2.")
     k.add_argument("file", metavar="FILE", help="TOML config file")
     k.add_argument("--no-files", action="store_true",

@@ -184,19 +184,13 @@ class Daemon:
         Raises:
             ConfigError: no usable rail was found, or the peers file cannot be read.
         """
-        from linkpass.autoconf import read_peers_file, resolve
-        from topology.affinity import analyse, to_json
-        from topology.live import discover
+        from linkpass.discovery import resolve_live
 
-        t = cfg.topology
-        topo = discover(t.sysfs_root, use_netlink=True, use_nvml=(t.sysfs_root in ("/", "")))
-        override = {n: True for n in t.compute_nics} | {n: False for n in t.exclude_nics}
-        doc = to_json(analyse(topo, override))
-        self.nccl_topology = topo
-        peers_text = read_peers_file(cfg, self.config_path)  # the same check as `linkpass config check`
-        res = resolve(cfg, doc, topo.links, peers_text, t.peers_file or "peers_file")
+        live = resolve_live(cfg, self.config_path)  # the same as `linkpass config check`
+        res = live.resolved
+        self.nccl_topology = live.topology
         self.autoconf_notes = res.notes
-        self.autoconf_warnings = res.warnings + [w for w in topo.warnings if not w.startswith("nvml: not used")]
+        self.autoconf_warnings = live.warnings
         for n in res.notes:
             log.info("topology: %s", n)
         for w in self.autoconf_warnings:

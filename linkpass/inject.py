@@ -2,7 +2,7 @@
 
 ::
 
-    linkpass inject device-fault --host 1 --gpu 0 --xid 79 [--name lp]
+    linkpass inject device-fault --host 1 --gpu 0 --xid 79 [--name lp] [--json]
 
 appends one kmsg-style record (``prio,seq,usec,flags;message``, what ``/dev/kmsg`` yields) with
 an NVRM Xid line for that host's GPU to the host's kernel-log file on the emulated fabric
@@ -18,8 +18,9 @@ and the daemon uses it to map an incident's PCI id to the GPU index hooks regist
 
 ``--help`` (``-h``) after ``device-fault`` prints its options (exit 0).
 
-Prints one JSON line ``{"host", "gpu", "pci", "xid", "kmsg", "line", "t_issued_ns"}``
-(``t_issued_ns``: monotonic clock, just before the write).  Exit 0; 2 with one line on stderr
+Prints one line for a person: what was written where (:func:`describe`).  With ``--json`` it
+prints one JSON line instead, ``{"host", "gpu", "pci", "xid", "kmsg", "line", "t_issued_ns"}``
+(``t_issued_ns``: monotonic clock, just before the write), for scripts.  Exit 0; 2 with one line on stderr
 for bad arguments (unknown kind, host or GPU out of range, Xid not 1..999, no such fabric).
 """
 
@@ -99,6 +100,12 @@ def inject_device_fault(name: str, host: int, gpu: int, xid: int) -> dict:
     return {"host": host, "gpu": gpu, "pci": fake_pci_bus_id(gpu), "xid": xid, "kmsg": path, "line": line, "t_issued_ns": t}
 
 
+def describe(r: dict) -> str:
+    """The human line for a result of :func:`inject_device_fault`."""
+    return (f"injected Xid {r['xid']} on host {r['host']} GPU {r['gpu']} ({r['pci']}): appended to {r['kmsg']}, "
+            "which that host's daemon follows (`linkpass status` counts its device incidents)")
+
+
 def _parser():
     import argparse
 
@@ -117,6 +124,9 @@ def _parser():
     p.add_argument("--xid", default="79", metavar="N",
                    help="Xid code, 1..999 (default 79, GPU fallen off the bus: migrate-rank; 48, 95, 119 also move the rank)")
     p.add_argument("--name", default="lp", help="fabric name (default lp)")
+    p.add_argument("--json", action="store_true",
+                   help='print one JSON line {"host", "gpu", "pci", "xid", "kmsg", "line", "t_issued_ns"} '
+                   "instead of the human line")
     return p
 
 
@@ -138,7 +148,7 @@ def cmd_inject(args) -> int:
     except InjectError as e:
         print(f"linkpass inject: {e}", file=sys.stderr)
         return 2
-    print(json.dumps(r))
+    print(json.dumps(r) if o.json else describe(r))
     return 0
 
 
@@ -146,8 +156,8 @@ def register(sub) -> None:
     import argparse
 
     p = sub.add_parser("inject", help="inject a device fault on the emulated fabric (kernel-log Xid line)",
-                       description="linkpass inject device-fault --host I --gpu G [--xid 79] [--name NAME]: "
+                       description="linkpass inject device-fault --host I --gpu G [--xid 79] [--name NAME] [--json]: "
                        "append an NVRM Xid record for emulated GPU G (PCI 0000:<0x18+G>:00.0) to host I's kernel log")
     p.add_argument("kind", nargs="?", help="device-fault (`linkpass inject device-fault --help` for its options)")
-    p.add_argument("rest", nargs=argparse.REMAINDER, help="--host I --gpu G [--xid 79] [--name NAME]")
+    p.add_argument("rest", nargs=argparse.REMAINDER, help="--host I --gpu G [--xid 79] [--name NAME] [--json]")
     p.set_defaults(func=cmd_inject)

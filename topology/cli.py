@@ -86,14 +86,30 @@ def _table(doc: dict) -> None:
     c = Console(emoji=False)
     title = f"host {doc['host'] or '(from files)'}: {len(doc['gpus'])} GPU(s), {len(doc['nics'])} NIC(s), {len(doc['rails'])} rail(s)"
     c.print(f"[bold]{title}[/]")
+    def ids(table: Table, rows: list[str], *names: str) -> None:
+        """Columns whose cells are identifiers (NIC names, PCI bus ids, roles): on one line, whole,
+        never cut to "0000:18:…" in a narrow terminal or a pipe (80 columns); the others wrap."""
+        for name in names:
+            table.add_column(name, no_wrap=True, min_width=max([len(name.split()[0]), *map(len, rows)]))
+
     if doc["gpus"]:
-        t = Table("GPU", "PCI bus id", "NUMA", "nearest compute NICs", "path")
+        t = Table()
+        ids(t, [], "GPU")
+        ids(t, [g["pci_bus_id"] or "-" for g in doc["gpus"]], "PCI bus id")
+        for name in ("NUMA", "nearest compute NICs", "path"):
+            t.add_column(name, overflow="fold")
         for g in doc["gpus"]:
             t.add_row("-" if g["index"] is None else str(g["index"]), g["pci_bus_id"] or "-",
                       "-" if g["numa_node"] is None else str(g["numa_node"]), ", ".join(g["nearest_nics"]) or "(none)", g["path"])
         c.print(t)
     if doc["nics"]:
-        t = Table("NIC", "PCI bus id", "netdevs", "role", "rail", "ports", "why")
+        t = Table()
+        ids(t, [n["name"] for n in doc["nics"]], "NIC")
+        ids(t, [n["pci_bus_id"] or "-" for n in doc["nics"]], "PCI bus id")
+        t.add_column("netdevs", overflow="fold")
+        ids(t, [n["role"] for n in doc["nics"]], "role")
+        for name in ("rail", "ports", "why"):
+            t.add_column(name, overflow="fold")  # a long word breaks across lines, never cut to "…"
         colors = {"compute": "green", "front-end": "cyan", "storage": "blue", "unused": "dim", "undecided": "yellow"}
         for n in doc["nics"]:
             ports = "; ".join(
@@ -103,7 +119,7 @@ def _table(doc: dict) -> None:
                 + (f" {p['netdev']}" if p["netdev"] else "")
                 for p in n["ports"]) or "-"
             devs = sorted({*n["netdevs"], *(p["netdev"] for p in n["ports"] if p["netdev"])})
-            t.add_row(n["name"], "" if n["pci_bus_id"] == n["name"] else (n["pci_bus_id"] or "-"), ", ".join(devs) or "-",
+            t.add_row(n["name"], n["pci_bus_id"] or "-", ", ".join(devs) or "-",  # the id even when it names the NIC
                       f"[{colors.get(n['role'], 'white')}]{n['role']}[/]",
                       "-" if n["rail"] is None else str(n["rail"]), ports, n["role_reason"])
         c.print(t)

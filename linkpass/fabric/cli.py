@@ -34,19 +34,29 @@ def _guarded(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Name
     return run
 
 
+def up_line(desc: dict, existed: bool) -> str:
+    """What ``fabric up`` tells a person: the fabric, and whether it was built now or was
+    already there (then nothing in the kernel changed)."""
+    hosts = desc["hosts"]
+    last = f"..{hosts[-1]['netns']}" if len(hosts) > 1 else ""
+    what = (f"{desc['hosts_count']} host(s) x {desc['rails_count']} rail(s), mode {desc['mode']}; "
+            f"namespaces {desc['fabric_netns']}, {hosts[0]['netns']}{last}; "
+            f"daemon configs and fabric.json in {desc['state_dir']}")
+    if existed:
+        faults = desc.get("faults") or {}
+        cut = f"; {len(faults)} cut link(s) still in place (`linkpass fabric show --name {desc['name']}`)" if faults else ""
+        return (f"fabric {desc['name']} exists already, nothing built (`linkpass fabric down --name {desc['name']}` "
+                f"removes it): {what}{cut}")
+    return f"fabric {desc['name']}: {what}"
+
+
 @_guarded
 def cmd_up(args: argparse.Namespace) -> int:
-    desc = F.up(args.hosts, args.rails, args.name, hold_down_ms=args.hold_down_ms, mode=args.mode)
+    desc, existed = F.up_report(args.hosts, args.rails, args.name, hold_down_ms=args.hold_down_ms, mode=args.mode)
     if args.json:
-        print(json.dumps(desc, indent=2))
+        print(json.dumps({**desc, "existed": existed}, indent=2))  # existed: this call's finding, not in fabric.json
     else:
-        hosts = desc["hosts"]
-        last = f"..{hosts[-1]['netns']}" if len(hosts) > 1 else ""
-        print(
-            f"fabric {desc['name']}: {desc['hosts_count']} host(s) x {desc['rails_count']} rail(s), mode {desc['mode']}; "
-            f"namespaces {desc['fabric_netns']}, {hosts[0]['netns']}{last}; "
-            f"daemon configs and fabric.json in {desc['state_dir']}"
-        )
+        print(up_line(desc, existed))
         if desc.get("configs_rewritten"):
             print(f"note: the fabric existed; its daemon configs were rewritten ({desc['configs_rewritten']}): "
                   "send SIGHUP to running daemons (hold-down) or restart them (mode)")

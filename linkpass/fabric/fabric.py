@@ -483,7 +483,19 @@ def up(
     hold_down_ms: int = 2000,
     mode: str = "host-ip",
 ) -> dict:
-    """Build the fabric (idempotent) and return its description.
+    """Build the fabric (idempotent) and return its description (:func:`up_report`'s first half)."""
+    return up_report(hosts, rails, name, hold_down_ms=hold_down_ms, mode=mode)[0]
+
+
+def up_report(
+    hosts: int,
+    rails: int,
+    name: str = "lp",
+    *,
+    hold_down_ms: int = 2000,
+    mode: str = "host-ip",
+) -> tuple[dict, bool]:
+    """Build the fabric (idempotent); return its description and whether it was already up.
 
     Args:
         hosts: number of host namespaces, 1..250.
@@ -493,7 +505,8 @@ def up(
         mode: ``host-ip`` or ``per-rail-ip``, written to each host's daemon config.
 
     Returns:
-        The description dict (also in ``fabric.json``), schema ``linkpass.fabric/v1``.
+        ``(desc, existed)``: the description dict (also in ``fabric.json``), schema
+        ``linkpass.fabric/v1``, and True when a ready fabric was found and nothing was built.
 
     If a complete fabric of that name and shape already exists, its description is returned and
     nothing in the kernel changes (if ``mode`` or ``hold_down_ms`` differ, only the daemon configs
@@ -529,7 +542,7 @@ def up(
                 else:
                     existing.pop("configs_rewritten", None)
                 _write_state(existing)
-                return existing
+                return existing, True
             _teardown(existing)
         desc = _plan(name, hosts, rails, mode, hold_down_ms)
         for ns in desc["netns"]:
@@ -554,7 +567,7 @@ def up(
             raise FabricKernelError(f"fabric up failed ({note}): {e}") from None
         desc["status"] = "ready"
         _write_state(desc)
-        return desc
+        return desc, False
 
 
 def down(name: str = "lp") -> bool:

@@ -251,11 +251,28 @@ AUTO = """\
 [daemon]
 host = "h0"
 host_ip = "198.19.0.1"
+notice_key_file = "KEY"
 
 [topology]
 rails = "auto"
 peers_file = "PEERS"
 """
+
+
+def auto(tmp_path: Path, peers: Path, sysfs: Path | None = None) -> str:
+    """AUTO with a good notice key, the peers file ``peers`` and, when given, ``sysfs_root``."""
+    text = AUTO.replace("PEERS", str(peers)).replace("KEY", str(key_file(tmp_path, name="auto.key")))
+    return text + (f'sysfs_root = "{sysfs}"\n' if sysfs else "")
+
+
+def gpu_node(tmp_path: Path) -> Path:
+    """A hand-built sysfs tree of an 8-GPU, 8-rail InfiniBand node (tests/unit/topology)."""
+    sys.path.insert(0, str(ROOT / "tests" / "unit" / "topology"))
+    import sysfs_trees as st
+
+    root = tmp_path / "gpu-node-sys"
+    st.build(root, st.hgx_h100_ib()[0])
+    return root
 
 
 def check(capsys, p: Path, *flags: str) -> tuple[int, str, list[str]]:
@@ -294,7 +311,7 @@ def test_check_help_documents_no_files(capsys):
 
 def test_auto_peers_file_missing_or_a_fifo_is_a_problem(tmp_path, capsys):
     peers = tmp_path / "peers.txt"
-    p = write(tmp_path, AUTO.replace("PEERS", str(peers)))
+    p = write(tmp_path, auto(tmp_path, peers))
     rc, _, err = check(capsys, p)
     assert rc == 2 and err == [f"{p}: topology.peers_file: {peers}: no such file"]
     os.mkfifo(peers)
@@ -305,11 +322,45 @@ def test_auto_peers_file_missing_or_a_fifo_is_a_problem(tmp_path, capsys):
 def test_auto_peers_file_bad_lines_are_warnings(tmp_path, capsys):
     peers = tmp_path / "peers.txt"
     peers.write_text("h1 198.19.0.2\nh2 198.19.0.300\n# comment\nh3\n")
-    p = write(tmp_path, AUTO.replace("PEERS", str(peers)))
+    p = write(tmp_path, auto(tmp_path, peers, gpu_node(tmp_path)))
     rc, out, err = check(capsys, p)
-    assert rc == 0 and out == f"{p}: OK (host h0, mode host-ip, rails from discovery, 0 peers + {peers}; 2 warnings)\n"
-    assert err == [f'{p}: warning: topology.peers_file: {peers}: line 2: "198.19.0.300" is not an IPv4 address',
-                   f'{p}: warning: topology.peers_file: {peers}: line 4: expected `name host_ip`, got "h3"']
+    assert rc == 0 and out == f"{p}: OK (host h0, mode host-ip, rails from discovery, 0 peers + {peers}; {len(err)} warnings)\n"
+    assert err[:2] == [f'{p}: warning: topology.peers_file: {peers}: line 2: "198.19.0.300" is not an IPv4 address',
+                       f'{p}: warning: topology.peers_file: {peers}: line 4: expected `name host_ip`, got "h3"']
+    assert all(": warning: topology: " in ln for ln in err[2:]) and len(err) == len(set(err))  # discovery's, once each
+
+
+def test_auto_with_no_compute_nic_is_a_problem_as_for_the_daemon(tmp_path, capsys):
+    """`linkpass run` refuses rails = "auto" when discovery finds no compute NIC; check says so too."""
+    peers = tmp_path / "peers.txt"
+    peers.write_text("h1 198.19.0.2\n")
+    (tmp_path / "empty-sys").mkdir()
+    p = write(tmp_path, auto(tmp_path, peers, tmp_path / "empty-sys"))
+    rc, out, err = check(capsys, p)
+    assert (rc, out) == (2, "")
+    assert err == [f'{p}: [topology] rails = "auto": discovery found no compute NIC with a netdev; '
+                   "check `linkpass topology`, or list [[rails]] in the config"]
+    rc, out, err = check(capsys, write(tmp_path, auto(tmp_path, peers, gpu_node(tmp_path)), "node.toml"))
+    assert rc == 0 and "rails from discovery" in out, err
+
+
+def test_auto_discovery_is_skipped_with_no_files(tmp_path, capsys):
+    (tmp_path / "empty-sys").mkdir()
+    p = write(tmp_path, auto(tmp_path, tmp_path / "none.txt", tmp_path / "empty-sys"))
+    rc, out, err = check(capsys, p, "--no-files")
+    assert (rc, err) == (0, []) and out.endswith("; files not checked)\n")
+
+
+@pytest.mark.parametrize("probe", [True, False])
+def test_no_notice_key_file_is_a_warning_saying_what_is_off(tmp_path, capsys, probe):
+    text = good(tmp_path).replace(f'notice_key_file = "{tmp_path / "notice.key"}"\n', "", 1)
+    text += "" if probe else "enabled = false\n"  # under [probe], the last section of GOOD
+    p = write(tmp_path, text)
+    rc, out, err = check(capsys, p)
+    off = "peer notices and probes are off" if probe else "peer notices are off"
+    assert rc == 0 and out == f"{p}: OK (host h0, mode host-ip, 2 rails, 1 peer; 1 warning)\n"
+    assert err == [f"{p}: warning: daemon.notice_key_file: not set, so {off} (the key authenticates both; "
+                   "see `linkpass config show --defaults`)"]
 
 
 def test_peers_file_without_auto_is_not_read_and_says_so(tmp_path, capsys):
@@ -426,11 +477,14 @@ def test_check_says_what_the_daemon_says(tmp_path, capsys):
     fifo = tmp_path / "peers.fifo"
     os.mkfifo(fifo)
     (tmp_path / "sys").mkdir()
+    peers = tmp_path / "peers.txt"
+    peers.write_text("h1 198.19.0.2\n")
     cases = {
         "key-missing": base.replace(str(tmp_path / "notice.key"), str(tmp_path / "none.key")),
         "key-0644": base.replace(str(tmp_path / "notice.key"), str(key_file(tmp_path, 0o644, "open.key"))),
-        "peers-missing": AUTO.replace("PEERS", str(tmp_path / "none.txt")) + f'sysfs_root = "{tmp_path}/sys"\n',
-        "peers-fifo": AUTO.replace("PEERS", str(fifo)) + f'sysfs_root = "{tmp_path}/sys"\n',
+        "peers-missing": auto(tmp_path, tmp_path / "none.txt", tmp_path / "sys"),
+        "peers-fifo": auto(tmp_path, fifo, tmp_path / "sys"),
+        "auto-no-compute-nic": auto(tmp_path, peers, tmp_path / "sys"),
     }
     for name, text in cases.items():
         p = write(tmp_path, text, f"{name}.toml")

@@ -150,12 +150,14 @@ def test_configmap_toml_passes_config_check(rendered, capsys):
 
 def test_init_container_sees_the_files_config_check_reads(rendered, pod, main, tmp_path, capsys):
     """The init container's `config check` reads the notice key and peers.txt from the volumes the
-    daemon reads them from; with those files laid out as the pod has them, the check passes."""
+    daemon reads them from, and /sys as the daemon does; with those files laid out as the pod has
+    them, only discovery (a node without its NICs here) is left to fail."""
     (init,) = pod["initContainers"]
     cfg = load_config(rendered)
-    for path in (cfg.daemon.notice_key_file, cfg.topology.peers_file):
+    for path in (cfg.daemon.notice_key_file, cfg.topology.peers_file, "/sys/class/infiniband"):
         _, _, v_init = mount_of(path, init, pod)
         assert v_init == mount_of(path, main, pod)[2], path
+    assert cfg.topology.sysfs_root == "/"  # so the init container's discovery reads the /sys mounted above
     # the pod's files under tmp_path: peers.txt from the ConfigMap, the key as the Secret mounts it (0400)
     root = tmp_path / "etc-linkpass"
     peers = root / PurePosixPath(cfg.topology.peers_file).relative_to("/etc/linkpass")
@@ -166,11 +168,15 @@ def test_init_container_sees_the_files_config_check_reads(rendered, pod, main, t
     key.write_text("0123456789abcdef0123456789abcdef\n")
     key.chmod(mount_of(cfg.daemon.notice_key_file, main, pod)[2]["secret"]["defaultMode"])
     here = tmp_path / "linkpass.toml"
-    here.write_text(rendered.read_text().replace('"/etc/linkpass/', f'"{root}/'))
+    (tmp_path / "sys").mkdir()  # a node's /sys, here without its NICs: discovery finds no rail
+    text = rendered.read_text().replace('"/etc/linkpass/', f'"{root}/')
+    assert text.count('sysfs_root = "/"') == 1
+    here.write_text(text.replace('sysfs_root = "/"', f'sysfs_root = "{tmp_path / "sys"}"'))
     rc = cli_main(["config", "check", str(here)])
     out, err = capsys.readouterr()
-    assert (rc, err) == (0, ""), err
-    assert out.endswith("rails from discovery, 0 peers + " + str(peers) + ")\n"), out
+    # the key and peers.txt pass; what is left is discovery, which `linkpass run` would refuse too
+    assert (rc, out, err) == (2, "", f'{here}: [topology] rails = "auto": discovery found no compute NIC with a '
+                              "netdev; check `linkpass topology`, or list [[rails]] in the config\n")
 
 
 def test_init_container_checks_what_the_daemon_reads(pod, main):

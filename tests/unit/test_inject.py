@@ -41,12 +41,17 @@ def test_unknown_fabric_and_host_out_of_range(monkeypatch, tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 2 and "no fabric named zz" in err[0] and "--host must be 0..1" in err[1]
     # a good one: a kmsg record the classifier reads as a GPU fault on GPU 1's bus id
-    assert cli.main(["inject", "device-fault", "--host", "1", "--gpu", "1", "--xid", "79"]) == 0
+    assert cli.main(["inject", "device-fault", "--host", "1", "--gpu", "1", "--xid", "79", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
+    assert set(out) == {"host", "gpu", "pci", "xid", "kmsg", "line", "t_issued_ns"}
     assert out["pci"] == "0000:19:00.0" and out["kmsg"] == str(tmp_path / "h1.kmsg")
     rec = (tmp_path / "h1.kmsg").read_text()
     assert rec.startswith("3,1,") and ";NVRM: Xid (PCI:0000:19:00): 79," in rec
+    # by default one line for a person, no JSON
     assert cli.main(["inject", "device-fault", "--host", "1", "--gpu", "0"]) == 0
+    out = capsys.readouterr().out
+    assert out == (f"injected Xid 79 on host 1 GPU 0 (0000:18:00.0): appended to {tmp_path / 'h1.kmsg'}, which that "
+                   "host's daemon follows (`linkpass status` counts its device incidents)\n")
     assert (tmp_path / "h1.kmsg").read_text().splitlines()[1].startswith("3,2,")
 
 

@@ -207,3 +207,26 @@ def test_capture_metadata_that_is_huge_or_deep_gives_no_host(tmp_path, monkeypat
     assert tcli._captured_host(str(tmp_path)) == ""
     meta.write_text("[" * 30_000 + "]" * 30_000)  # under the size cap: the parser's recursion limit
     assert tcli._captured_host(str(tmp_path)) == ""
+
+
+@pytest.mark.parametrize("machine", ["hgx_h100_ib", "dual_port", "roce_bonds"])
+@pytest.mark.parametrize("columns", ["80", "200"])
+def test_table_shows_every_pci_bus_id_the_json_has(tmp_path, machine, columns):
+    """The table names each NIC and GPU by its whole PCI bus id, also a NIC whose name is that id
+    (a plain netdev), and also in a pipe's 80 columns: nothing the JSON has is left out or cut."""
+    import sysfs_trees as st
+
+    m, _ = st.MACHINES[machine]()
+    st.build(tmp_path / "sys", m)
+    doc = json.loads(run("--sysfs-root", str(tmp_path / "sys"), "--no-live", "--json").stdout)
+    t = subprocess.run([sys.executable, "-m", "linkpass.cli", "topology", "--sysfs-root", str(tmp_path / "sys"), "--no-live"],
+                       capture_output=True, text=True, timeout=60, env={**os.environ, "COLUMNS": columns})
+    assert t.returncode == 0, t.stderr
+    rows = [ln.split("│")[1:3] for ln in t.stdout.splitlines() if ln.startswith("│")]  # first two cells
+    cells = {c.strip() for r in rows for c in r}
+    ids = [n["pci_bus_id"] for n in doc["nics"]] + [g["pci_bus_id"] for g in doc["gpus"]]
+    assert any(n["pci_bus_id"] == n["name"] for n in doc["nics"]) or machine != "hgx_h100_ib"  # the case that was blank
+    for pci in filter(None, ids):
+        assert pci in cells, (pci, t.stdout)
+    for n in doc["nics"]:
+        assert n["name"] in cells and [n["name"], n["pci_bus_id"] or "-"] in [[c.strip() for c in r] for r in rows]
