@@ -85,7 +85,8 @@ def inject_device_fault(name: str, host: int, gpu: int, xid: int) -> dict:
     line = xid_line(gpu, xid)
     seq_file = path + ".seq"
     try:
-        seq = int(open(seq_file).read() or 0) + 1
+        with open(seq_file) as f:
+            seq = int(f.read() or 0) + 1
     except (OSError, ValueError):
         seq = 1
     t = time.monotonic_ns()

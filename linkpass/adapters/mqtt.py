@@ -456,7 +456,8 @@ class MqttPublisher:
     Attributes:
         counters: ``events`` (queued), ``published`` (acknowledged), ``connects``,
             ``connect_failures``, ``disconnects``, ``state_published``, ``put_errors`` (events
-            that could not be stored: lost).
+            that could not be stored: lost), ``setup_errors`` (attempts that did not get as far
+            as connecting: unusable TLS or password files).
         connected: True while a broker connection is up.
         protocol: ``"5"`` or ``"3.1.1"`` (what the next/current connection uses).
         last_error: the last problem logged, or None since the last successful connect.
@@ -475,7 +476,7 @@ class MqttPublisher:
         self.connected = False
         self.last_error: str | None = None
         self.counters: dict[str, int] = dict.fromkeys(
-            ("events", "published", "connects", "connect_failures", "disconnects", "state_published", "put_errors"), 0)
+            ("events", "published", "connects", "connect_failures", "disconnects", "state_published", "put_errors", "setup_errors"), 0)
         self._wake = asyncio.Event()
         self._closing = False
         self._state_dirty = True
@@ -689,6 +690,7 @@ class MqttPublisher:
                 self.last_error = None
                 await self._session(client)
         except MqttSetupError as e:
+            self.counters["setup_errors"] += 1
             self._error(f"mqtt: {e}; not connecting (the daemon runs on; retried with backoff, files are re-read)")
         except MqttConnectError as e:
             self.counters["connect_failures"] += 1

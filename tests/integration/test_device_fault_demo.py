@@ -35,7 +35,7 @@ def test_device_fault_scenario_moves_the_rank_to_a_spare(tmp_path, fault_host):
     assert r["faulty_exit"] in (74, -9)  # exited by itself (fenced) or killed by the spare's fence
     m = r["migration"]
     assert m["spare"] is not None and m["epoch"] == 1 and m["state_bytes"] > 0
-    assert isinstance(r["migration_ms"], float) and 0 < r["migration_ms"] < 10_000
+    assert isinstance(r["migration_ms"], float) and r["migration_ms"] > 0  # reported; how fast: bench/, not here
     assert r["fault"]["host"] == fault_host
     healthy = str(1 - fault_host)
     assert r["peer_events"][healthy][0]["migrated_rank"] == fault_host

@@ -372,7 +372,7 @@ def test_world_readable_password_file_is_refused(broker, tmp_path, caplog):
     async def go():
         pub = _publisher(mc)
         pub.start()
-        await asyncio.sleep(1.0)
+        await _until(lambda: pub.counters["connect_failures"] + pub.counters["setup_errors"] >= 3, what="three failed attempts")
         assert not pub.connected and pub.counters["connects"] == 0
         await pub.close()
     asyncio.run(go())
@@ -431,7 +431,8 @@ def test_bad_tls_files_are_one_clear_error(tmp_path, tls_files, caplog, bad):
         pub = _publisher(mc)
         pub.start()
         pub.enqueue(Alert("fault", True, {"rail": 0}, time.monotonic_ns()))
-        await asyncio.sleep(1.5)  # several attempts at 0.1-0.5 s backoff
+        await _until(lambda: pub.counters["connect_failures"] + pub.counters["setup_errors"] >= 3,
+                     what="three failed attempts (0.1-0.5 s backoff)")
         assert not pub.connected and pub.depth() == 1
         await pub.close()
     try:

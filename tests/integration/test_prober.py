@@ -1,9 +1,12 @@
 """The prober on the emulated fabric: one Prober per host namespace, real UDP over real rails.
 
-One run of about 5 s covers the healthy fabric, a blackholed rail (carrier stays up, only the
-probes can tell), random loss, and forged datagrams; every prober prints the ProbeResults it
-posted and its stats, and the checks read them afterwards by monotonic time (one clock for all
-namespaces).  Needs root, `ip` and `nft`; skipped otherwise.
+One run covers the healthy fabric, a blackholed rail (carrier stays up, only the probes can
+tell), random loss, and forged datagrams; every prober prints each ProbeResult as it posts it,
+then its stats.  Each phase lasts until the probers have posted the results it needs (waited
+for with a bound), and the checks read the results by monotonic time (one clock for all
+namespaces): they assert what the probes saw in each phase, never how long anything took (the
+detection and recovery figures are bench/detect_reroute.py's).  Needs root, `ip` and `nft`;
+skipped otherwise.
 """
 
 from __future__ import annotations
@@ -14,11 +17,14 @@ import secrets
 import shutil
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
 
 from linkpass import fabric as fab
+
+from ..wait import wait_until
 
 pytestmark = [
     pytest.mark.root,
@@ -30,7 +36,7 @@ MS = 1_000_000
 INTERVAL_MS = 10  # the [probe] default the fabric's configs get
 
 #: Runs a Prober until stdin closes (reloading its config on each line); prints {"ready": t},
-#: then the posted events and the stats.
+#: each posted event as it is posted, then the stats.
 RUNNER = r"""
 import asyncio, dataclasses, json, resource, sys, time
 from linkpass.adapters.prober import Prober
@@ -38,8 +44,9 @@ from linkpass.config import load_config, read_key_file
 
 async def main():
     cfg, key = load_config(sys.argv[1]), read_key_file(sys.argv[2])
-    events = []
-    pr = Prober(cfg, key, events.append)
+    def post(ev):
+        print(json.dumps(dataclasses.asdict(ev)), flush=True)
+    pr = Prober(cfg, key, post)
     await pr.start()
     task = asyncio.create_task(pr.run())
     ru0, w0 = resource.getrusage(resource.RUSAGE_SELF), time.monotonic()
@@ -51,8 +58,6 @@ async def main():
     ru1, w1 = resource.getrusage(resource.RUSAGE_SELF), time.monotonic()
     await pr.close()
     await task
-    for ev in events:
-        print(json.dumps(dataclasses.asdict(ev)))
     cpu = (ru1.ru_utime + ru1.ru_stime) - (ru0.ru_utime + ru0.ru_stime)
     print(json.dumps({"stats": pr.stats(), "cpu_s": cpu, "wall_s": w1 - w0}), flush=True)
 
@@ -72,39 +77,71 @@ for size in (0, 1, 66, 100, 194, 1400):
 FORGED = 20
 
 
-def _start(ns: str, cfg: str, key: str) -> subprocess.Popen:
-    return subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, "-c", RUNNER, cfg, key],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+class _Run:
+    """One prober in a host namespace; a thread collects the results it prints as it posts them."""
 
+    def __init__(self, ns: str, cfg: str, key: str):
+        self.p = subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, "-c", RUNNER, cfg, key],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.lines: list[dict] = []
+        self.ready = threading.Event()
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
 
-def _finish(p: subprocess.Popen) -> tuple[list[dict], dict]:
-    out, err = p.communicate(timeout=20)
-    assert p.returncode == 0, f"prober failed ({p.returncode}): {err[-2000:]}"
-    lines = [json.loads(x) for x in out.splitlines() if x.strip()]
-    return [x for x in lines if "rail" in x], next(x for x in lines if "stats" in x)
+    def _read(self) -> None:
+        for x in self.p.stdout:
+            if x.strip():
+                d = json.loads(x)
+                if "ready" in d:
+                    self.ready.set()
+                else:
+                    self.lines.append(d)
+
+    @property
+    def events(self) -> list[dict]:
+        return [x for x in list(self.lines) if "rail" in x]
+
+    def count(self, rail: int, peer: str, since_ns: int, ok: bool | None = None) -> int:
+        return sum(1 for e in self.events if e["rail"] == rail and e["peer"] == peer and e["t_ns"] >= since_ns
+                   and (ok is None or e["ok"] == ok))
+
+    def finish(self) -> tuple[list[dict], dict]:
+        self.p.stdin.close()
+        self.p.wait(timeout=20)
+        self.reader.join(20)
+        err = self.p.stderr.read()
+        assert self.p.returncode == 0, f"prober failed ({self.p.returncode}): {err[-2000:]}"
+        return self.events, next(x for x in self.lines if "stats" in x)
 
 
 def _between(evs: list[dict], rail: int, t0: int, t1: int) -> list[dict]:
     return [e for e in evs if e["rail"] == rail and e["peer"] == "h1" and t0 <= e["t_ns"] < t1]
 
 
+def _wait_results(runs: list["_Run"], since_ns: int, n: int, rails=(0, 1), what: str = "") -> None:
+    """Until each prober posted ``n`` results for its peer on each of ``rails`` since ``since_ns``."""
+    for i, r in enumerate(runs):
+        peer = "h1" if i == 0 else "h0"
+        for rail in rails:
+            wait_until(lambda: r.count(rail, peer, since_ns) >= n, 20, f"h{i}: {n} results on rail {rail} ({what})")
+
+
 def test_prober_on_the_fabric():
     name = "pr" + secrets.token_hex(4)
-    procs: list[subprocess.Popen] = []
+    runs: list[_Run] = []
     try:
         desc = fab.up(2, 2, name)
         key = desc["notice_key_file"]
         for h in desc["hosts"]:
-            procs.append(_start(h["netns"], h["config"], key))
-        for p in procs:  # wait until both answer
-            line = p.stdout.readline()
-            assert line, f"prober did not start: {p.stderr.read()[-2000:]}"
+            runs.append(_Run(h["netns"], h["config"], key))
+        for r in runs:  # wait until both run
+            assert r.ready.wait(20), f"prober did not start: {r.p.stderr.read()[-2000:] if r.p.poll() is not None else ''}"
         t_start = time.monotonic_ns()
-        time.sleep(0.3)
-        for p in procs:  # a config reload while probing loses nothing
-            p.stdin.write("reload\n")
-            p.stdin.flush()
-        time.sleep(0.3)
+        _wait_results(runs, t_start + 50 * MS, 30, what="healthy")
+        for r in runs:  # a config reload while probing loses nothing
+            r.p.stdin.write("reload\n")
+            r.p.stdin.flush()
+        _wait_results(runs, time.monotonic_ns(), 30, what="healthy, after the reload")
 
         # what the daemon does in per-rail-ip mode when h1 thinks h0's rail 0 is gone: carry
         # h0's rail-0 address over rail 1.  h1's replies to h0's rail-0 probes must still go
@@ -114,31 +151,35 @@ def test_prober_on_the_fabric():
         route = [h0_rail0 + "/32", "via", h0_rail1, "dev", "rail1"]
         subprocess.run(["ip", "-n", h1ns, "route", "add", *route], check=True)
         t_rr0 = time.monotonic_ns()
-        time.sleep(0.4)
+        _wait_results(runs, t_rr0 + 5 * MS, 30, rails=(0,), what="h0's rail-0 address routed over rail 1 at h1")
         t_rr1 = time.monotonic_ns()
         subprocess.run(["ip", "-n", h1ns, "route", "del", *route], check=True)
 
+        h0 = runs[0]
         blackhole = fab.cut(name, 1, 0, "blackhole")
-        time.sleep(0.6)
+        wait_until(lambda: h0.count(0, "h1", blackhole["t_done_ns"], ok=False), 20, "h0: a failed probe on rail 0 (blackhole)")
+        first_fail = min(e["t_ns"] for e in _between(h0.events, 0, blackhole["t_done_ns"], 2**63) if not e["ok"])
+        wait_until(lambda: h0.count(0, "h1", first_fail) >= 40, 20, "h0: 40 results on rail 0 after the first failure")
+        wait_until(lambda: h0.count(1, "h1", blackhole["t_issued_ns"]) >= 40, 20, "h0: 40 results on rail 1 (blackhole)")
         healed1 = fab.heal(name, 1, 0)
-        time.sleep(0.3)
+        wait_until(lambda: h0.count(0, "h1", healed1["t_done_ns"], ok=True), 20, "h0: rail 0 answered again after the heal")
 
         lossy = fab.cut(name, 1, 0, "loss:30")
-        time.sleep(1.5)
+        wait_until(lambda: h0.count(0, "h1", lossy["t_done_ns"] + INTERVAL_MS * MS) >= 100, 30, "h0: 100 results on rail 0 (loss:30)")
         healed2 = fab.heal(name, 1, 0)
-        time.sleep(0.2)
+        wait_until(lambda: h0.count(0, "h1", healed2["t_done_ns"], ok=True), 20, "h0: rail 0 answered again after the second heal")
 
         subprocess.run(["ip", "netns", "exec", h1ns, sys.executable, "-c", FORGER, "198.18.0.1", "7472", str(FORGED)], check=True)
         t_forged = time.monotonic_ns()
-        time.sleep(0.4)
+        _wait_results(runs[:1], t_forged + 20 * MS, 20, what="after the forged datagrams")
         t_end = time.monotonic_ns()
 
-        (ev0, st0), (ev1, st1) = (_finish(p) for p in procs)
+        (ev0, st0), (ev1, st1) = (r.finish() for r in runs)
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+        for r in runs:
+            if r.p.poll() is None:
+                r.p.kill()
+                r.p.wait()
         fab.down(name)
 
     # ---- healthy (with a config reload half-way): every probe on both rails is answered, both
@@ -147,9 +188,9 @@ def test_prober_on_the_fabric():
         peer = "h1" if evs is ev0 else "h0"
         for rail in (0, 1):
             w = [e for e in evs if e["rail"] == rail and e["peer"] == peer and t_start + 50 * MS <= e["t_ns"] < t_rr0]
-            assert len(w) >= 50, (rail, len(w))
+            assert len(w) >= 60, (rail, len(w))
             # h1 (the larger name) is mostly passive: h0's acked requests prove its paths (no RTT)
-            assert all(e["ok"] and (e["rtt_ns"] is None or 0 < e["rtt_ns"] < INTERVAL_MS * MS) for e in w), \
+            assert all(e["ok"] and (e["rtt_ns"] is None or e["rtt_ns"] > 0) for e in w), \
                 [e for e in w if not e["ok"]][:5]
 
     # ---- a route of h1 carrying h0's rail-0 address over rail 1 changes nothing for the probes
@@ -158,16 +199,15 @@ def test_prober_on_the_fabric():
         w = [e for e in evs if e["rail"] == 0 and e["peer"] == peer and t_rr0 + 5 * MS <= e["t_ns"] < t_rr1]
         assert len(w) >= 30 and all(e["ok"] for e in w), (peer, [e for e in w if not e["ok"]][:3])
 
-    # ---- blackhole on h1's rail-0 port: h0 sees rail 0 fail within ~3 intervals, rail 1 stays fine
+    # ---- blackhole on h1's rail-0 port: once h0 sees rail 0 fail, no probe on it succeeds until
+    # the heal; rail 1 stays fine; rail 0 comes back after the heal
     bh_done = blackhole["t_done_ns"]
-    first_fail = min(e["t_ns"] for e in _between(ev0, 0, blackhole["t_issued_ns"], healed1["t_issued_ns"]) if not e["ok"])
-    assert first_fail - bh_done <= 3 * INTERVAL_MS * MS + 20 * MS, f"first failure {(first_fail - bh_done) / MS:.1f} ms after the cut"
-    during = _between(ev0, 0, bh_done + 3 * INTERVAL_MS * MS, healed1["t_issued_ns"])
+    during = _between(ev0, 0, first_fail, healed1["t_issued_ns"])
     assert len(during) >= 40 and not any(e["ok"] for e in during)
     other = _between(ev0, 1, blackhole["t_issued_ns"], healed1["t_done_ns"])
     assert len(other) >= 40 and all(e["ok"] for e in other)
     back = [e["t_ns"] for e in _between(ev0, 0, healed1["t_done_ns"], lossy["t_issued_ns"]) if e["ok"]]
-    assert back and back[0] - healed1["t_done_ns"] < 200 * MS, "rail 0 did not come back after heal"
+    assert back, "rail 0 did not come back after heal"
 
     # ---- 30 % loss each way (about 51 % of round trips): some probes fail, some succeed
     lw = _between(ev0, 0, lossy["t_done_ns"] + INTERVAL_MS * MS, healed2["t_issued_ns"])
@@ -197,5 +237,5 @@ def test_prober_on_the_fabric():
     assert c1["passive"] > 2 * c1.get("sent", 0) and c["sent"] > 2 * c1.get("sent", 0), (c, c1)  # faults make h1 probe too
     print(f"\nprober CPU: h0 {100 * st0['cpu_s'] / st0['wall_s']:.1f} %, h1 {100 * st1['cpu_s'] / st1['wall_s']:.1f} % "
           f"of one core over {st0['wall_s']:.1f} s (2 rails x 1 peer at {INTERVAL_MS} ms, answering the peer's probes too); "
-          f"blackhole reported {(first_fail - blackhole['t_issued_ns']) / MS:.1f} ms after the cut was issued, back {(back[0] - healed1['t_done_ns']) / MS:.1f} ms "
+          f"blackhole reported {(first_fail - bh_done) / MS:.1f} ms after the cut, back {(back[0] - healed1['t_done_ns']) / MS:.1f} ms "
           f"after the heal; loss:30 -> {100 * lost:.0f} % of {len(lw)} probes lost")

@@ -36,8 +36,9 @@ def test_rebuild_scenario_trains_through_the_cut_on_a_rebuilt_process_group(tmp_
     for evs in r["rebuilds"].values():
         assert [(e["rail_from"], e["rail_to"], e["epoch"]) for e in evs] == [(0, 1, 1)]
     assert any(e["trigger"] == "notice" for evs in r["rebuilds"].values() for e in evs)
-    assert isinstance(r["rebuild_ms"], float) and 0 < r["rebuild_ms"] < 10_000
-    assert r["cut_to_resume_ms"] is not None and r["cut_to_resume_ms"] < 10_000
+    # the figures are reported (how fast: bench/, not here)
+    assert isinstance(r["rebuild_ms"], float) and r["rebuild_ms"] > 0
+    assert isinstance(r["cut_to_resume_ms"], float) and r["cut_to_resume_ms"] > 0
     # the kernel did not move anything: no linkpass route anywhere; the traffic moved with the group
     assert r["kernel_routes"] == {"h0": 0, "h1": 0}
     after = r["rail_bytes_after_cut"]

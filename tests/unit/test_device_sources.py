@@ -9,6 +9,7 @@ import types
 
 from linkpass.adapters.nvml_events import NvmlXidSource
 from linkpass.adapters.rdma_events import RdmaPortEvents
+from tests.wait import async_wait_until
 
 
 class FakeNVMLError(Exception):
@@ -62,10 +63,7 @@ def test_nvml_xid_events_become_incidents():
 
     async def main():
         t = asyncio.create_task(src.run())
-        for _ in range(200):
-            if len(got) == 3:
-                break
-            await asyncio.sleep(0.01)
+        await async_wait_until(lambda: len(got) == 3, 5, "three Xid incidents")
         t.cancel()
         await asyncio.gather(t, return_exceptions=True)
 
@@ -100,10 +98,7 @@ def test_nvml_wait_failures_turn_the_source_off_not_the_daemon(monkeypatch):
 
     async def main():
         t = asyncio.create_task(src.run())
-        for _ in range(100):
-            if not src.active:
-                break
-            await real_sleep(0.01)
+        await async_wait_until(lambda: not src.active, 5, "the source to turn itself off")
         assert not t.done()  # off, but the task lives (the daemon supervises it)
         t.cancel()
         await asyncio.gather(t, return_exceptions=True)
@@ -154,22 +149,16 @@ def test_rdma_port_events_become_incidents():
 
     async def main():
         t = asyncio.create_task(src.run())
-        await asyncio.sleep(0.02)
+        # no wait for the reader threads: the fake HCA queues hold the events until they read them
         v.state["mlx5_0"][2] = 1
         v.q["mlx5_0"].put(FakeEvent(10))   # PORT_ERR on port 2
         v.state["mlx5_1"][1] = 1
         v.q["mlx5_1"].put(FakeEvent(10))   # PORT_ERR on a non-compute HCA
-        for _ in range(200):
-            if len(got) == 2:
-                break
-            await asyncio.sleep(0.01)
+        await async_wait_until(lambda: len(got) == 2, 5, "two port-error incidents")
         v.state["mlx5_0"][2] = 4
         v.q["mlx5_0"].put(FakeEvent(9))    # PORT_ACTIVE
         v.q["mlx5_0"].put(FakeEvent(4))    # COMM_EST: no port, ignored
-        for _ in range(200):
-            if len(got) == 3 and src.counters["ignored"]:
-                break
-            await asyncio.sleep(0.01)
+        await async_wait_until(lambda: len(got) == 3 and src.counters["ignored"], 5, "the port-active incident and the ignored event")
         t.cancel()
         await asyncio.gather(t, return_exceptions=True)
 

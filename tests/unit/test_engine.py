@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 
 import pytest
 
 from linkpass.core.engine import Engine
-from linkpass.core.health import RailState
+from linkpass.core.health import TRANSITIONS, RailState
 from linkpass.core.model import (
     RefreshNeighbors,
     AddrChanged,
@@ -530,11 +531,26 @@ def test_routes_applied_is_recorded():
 def test_illegal_transition_is_never_reached_by_events(caplog):
     """Sanity: a busy event sequence logs only legal transitions (no exception escapes)."""
     eng, _ = started(rails=(0, 1))
-    with caplog.at_level(logging.INFO):
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="linkpass"):
         for i, f in enumerate([carrier_lost, up, carrier_lost, admin_down, up, gone, up]):
             eng.handle(link(f("rail0"), (i + 1) * S), (i + 1) * S)
             eng.handle(Drain(1, i % 2 == 0, (i + 1) * S), (i + 1) * S)
             eng.handle(Tick((i + 1) * S + S // 2), (i + 1) * S + S // 2)
+    states = {s.value: s for s in RailState}
+    seen: dict[int, list[tuple[RailState, RailState]]] = {0: [], 1: []}
+    for r in caplog.records:
+        m = re.fullmatch(r"rail (\d+): (\w+) -> (\w+) \(.*\)", r.getMessage(), re.S)
+        if r.name == "linkpass.health" and m:
+            seen[int(m[1])].append((states[m[2]], states[m[3]]))
+    for rail, steps in seen.items():
+        assert all(new in TRANSITIONS[old] for old, new in steps), (rail, steps)  # every logged one is legal
+        assert all(a[1] == b[0] for a, b in zip(steps, steps[1:])), (rail, steps)  # and they chain: none unlogged
+        assert steps and steps[-1][1] == eng.rails[rail].state, (rail, steps)  # ending where the engine is
+    # the sequence went through the interesting states on both rails
+    assert {new for _, new in seen[0]} >= {RailState.DOWN, RailState.HOLD_DOWN}, seen[0]
+    assert RailState.DRAINED in {new for _, new in seen[1]}, seen[1]
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]
 
 
 # ----------------------------------------------------------------------------- status

@@ -14,6 +14,7 @@ import pytest
 from linkpass.adapters.hook_server import HookServer, PlanState, default_socket_path
 from torch_hooks import protocol as proto
 from torch_hooks.client import DaemonClient
+from tests.wait import async_wait_until
 
 
 def _plan(gen, usable=(0, 1), peers=None):
@@ -73,7 +74,7 @@ def test_register_notice_priority_peers_reports_and_bad_input(tmp_path):
         assert (await _readline(r))["type"] == "pong"
         w.write(b'{"type":"report","event":"rebuilt","rail_to":1}\n')
         await w.drain()
-        await asyncio.sleep(0.05)
+        await async_wait_until(lambda: srv.counters["reports"], 5, "the report to be counted")
         c = srv.counters
         assert c["bad_malformed"] == 5 and c["bad_type"] == 1 and c["bad_register"] == 1 and c["bad_oversized"] == 1
         assert c["reports"] == 1 and srv.reports[-1]["event"] == "rebuilt" and srv.reports[-1]["pid"] == os.getpid()
@@ -81,8 +82,8 @@ def test_register_notice_priority_peers_reports_and_bad_input(tmp_path):
         assert st["clients"][0]["rank"] == 0 and st["clients"][0]["pid"] == os.getpid()
         # a client that goes away is forgotten, and its peers leave the priority list
         w.close()
-        await asyncio.sleep(0.05)
-        assert srv.clients == {} and prio[-1] == []
+        await async_wait_until(lambda: srv.clients == {}, 5, "the closed client to be forgotten")
+        assert prio[-1] == []
         await srv.close()
         assert not os.path.exists(path)
 
@@ -104,7 +105,7 @@ def test_report_cannot_overwrite_identity_and_bad_json_is_malformed(tmp_path, ca
         w.write(json.dumps({"type": "report", "event": "rebuilt", "job": "evil", "rank": 0, "pid": 1,
                             "client_id": 99, "t_ns": 5, "rail_to": 1}).encode() + b"\n")
         await w.drain()
-        await asyncio.sleep(0.05)
+        await async_wait_until(lambda: srv.reports, 5, "the report to arrive")
         rec = srv.reports[-1]
         assert (rec["job"], rec["rank"], rec["pid"], rec["client_id"]) == ("real", 1, os.getpid(), cid)
         assert rec["t_ns"] != 5 and rec["event"] == "rebuilt" and rec["rail_to"] == 1
@@ -125,7 +126,7 @@ def test_report_cannot_overwrite_identity_and_bad_json_is_malformed(tmp_path, ca
         assert srv.counters["bad_malformed"] == len(bad) and srv.counters["reports"] == 1
         json.loads(json.dumps(srv.status(), allow_nan=False))  # status stays strict JSON
         w.close()
-        await asyncio.sleep(0.05)
+        await async_wait_until(lambda: srv.clients == {}, 5, "the closed client to be forgotten")
         await srv.close()
 
     with caplog.at_level("WARNING", logger="linkpass.hooks"):
@@ -159,7 +160,7 @@ def test_real_client_gets_notices_and_reconnects_after_a_daemon_restart(tmp_path
             await asyncio.to_thread(c.wait_notice, 1, 3)
             assert c.generation == 2 and c.latest.affects(0) and c.affected_rails() == {0}
             assert c.report("rebuilt", rail_to=1)
-            await asyncio.sleep(0.05)
+            await async_wait_until(lambda: srv.reports, 5, "the client's report to arrive")
             assert srv.reports[-1]["rail_to"] == 1
             # restart: a new instance counts generations from 1 again; the client takes it
             await srv.close()

@@ -10,6 +10,7 @@ import os
 import pytest
 
 from linkpass.adapters.kmsg import KmsgFollower, parse_record
+from tests.wait import async_wait_until
 
 XID79 = "NVRM: Xid (PCI:0000:91:00): 79, pid=1234, GPU has fallen off the bus."
 
@@ -163,22 +164,23 @@ def test_follow_fifo_with_the_loop(tmp_path):
     assert f.kind == "fifo"
 
     async def main():
-        task = asyncio.create_task(f.run())
-        await asyncio.sleep(0.05)
+        state = tmp_path / "state" / "kmsg-h0.state"
+        assert not state.exists()
         fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
-        os.write(fd, (filler(1) + rec(2, XID79)).encode())
+        os.write(fd, filler(1).encode())  # the backlog the follower finds when it starts
+        os.close(fd)
+        task = asyncio.create_task(f.run())
+        # the start batch is read and saved (then the follower watches the fifo): what comes after is live
+        await async_wait_until(lambda: state.exists() and json.loads(state.read_text())["seq"] == 1, 5,
+                               "the follower's start batch (its state file at seq 1)")
+        fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+        os.write(fd, rec(2, XID79).encode())
         os.close(fd)  # the writer goes away: no EOF spin, the follower keeps waiting
-        for _ in range(100):
-            if got:
-                break
-            await asyncio.sleep(0.02)
+        await async_wait_until(lambda: got, 5, "the first incident")
         fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
         os.write(fd, rec(3, "mlx5_core 0000:08:00.0: mlx5_health_check: device's health compromised - reached miss count").encode())
         os.close(fd)
-        for _ in range(100):
-            if len(got) > 1:
-                break
-            await asyncio.sleep(0.02)
+        await async_wait_until(lambda: len(got) > 1, 5, "the second incident")
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
 

@@ -16,6 +16,7 @@ from linkpass.adapters.sdnotify import SdNotifier, ServiceNotifier, status_line
 from linkpass.config import parse_config
 from linkpass.core.model import LinkChanged, RoutesApplied
 from linkpass.daemon import Daemon
+from tests.wait import async_wait_until
 
 
 def listener(address: str) -> socket.socket:
@@ -140,15 +141,24 @@ def test_watchdog_loop_pings_every_half_timeout_and_stops_when_the_loop_blocks(n
     addr, s = notify_socket
     sn = ServiceNotifier(SdNotifier(addr, watchdog_usec=100_000), make_daemon(tmp_path))  # ping every 50 ms
 
-    async def main() -> tuple[int, int]:
+    async def main() -> tuple[list[str], list[str]]:
         task = asyncio.create_task(sn.watchdog_loop())
-        await asyncio.sleep(0.5)
-        running = len(recv_all(s))
-        time.sleep(0.5)  # the loop is blocked: no task runs, no ping goes out
-        blocked = len(recv_all(s))
+        running: list[str] = []
+
+        def three_pings() -> bool:
+            running.extend(recv_all(s))
+            return len(running) >= 3
+
+        await async_wait_until(three_pings, 5, "three watchdog pings")
+        # the loop is blocked (this sleep is the input, not a wait): no task runs, no ping goes out.
+        # Nothing runs between the drain above and the block, so any datagram now came from a blocked loop.
+        recv_all(s)
+        time.sleep(0.3)  # six ping intervals
+        blocked = recv_all(s)
         task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
         return running, blocked
 
     running, blocked = asyncio.run(main())
-    assert running >= 3
-    assert blocked == 0
+    assert len(running) >= 3 and all(m == "WATCHDOG=1" for m in running), running
+    assert blocked == []

@@ -70,9 +70,9 @@ def test_the_request_is_in_the_store_before_the_assignment_the_spare_fences_on()
 def test_a_retired_spare_is_never_assigned_and_a_wait_times_out():
     store = dist.HashStore()
     s = sp.Spare(store, job="j", host="h0")
-    t0 = time.monotonic()
-    assert s.wait(0.3, poll_s=0.05) is None  # retired
-    assert time.monotonic() - t0 < 3
+    assert s.wait(0.3, poll_s=0.05) is None
+    # it retired by its own claim (so it did not go on to wait for a racing claim's assignment)
+    assert s.retired == "timeout" and int(_kv(store).add(f"spares/{s.id}/claimed", 0)) == 1
     assert sp.request_migration(_kv(store), epoch=1, rank=0, world_size=2, step=0, rail=0, reason="r", host="h0") is None
 
 
@@ -152,9 +152,10 @@ def test_a_waiting_spare_beats():
     store = dist.HashStore()
     s = sp.Spare(store, job="j", host="h0")
     kv = _kv(store)
-    kv.set(f"spares/{s.id}/beat", repr(time.time() - 100))
+    stale = time.time() - 100
+    kv.set(f"spares/{s.id}/beat", repr(stale))
     assert s.wait(1.3, poll_s=0.05) is None and s.retired == "timeout"
-    assert time.time() - float(kv.get(f"spares/{s.id}/beat")) < sp.MAX_BEAT_AGE_S
+    assert float(kv.get(f"spares/{s.id}/beat")) > stale  # it rewrote its heartbeat while it waited
 
 
 def test_two_faults_in_one_epoch_only_one_request_wins_and_the_loser_claims_nothing():
@@ -225,10 +226,9 @@ def test_a_spare_whose_store_died_retires_quietly(tmp_path):
         spare = sp.Spare(store, job="j", host="h0")
         srv.kill()
         srv.wait(5)
-        t0 = time.monotonic()
         assert spare.wait(120, poll_s=0.05) is None
+        # it noticed (a wait that ran out would have retired it as "timeout")
         assert spare.retired == "store-lost" and spare.store_error
-        assert time.monotonic() - t0 < 60  # far below the 120 s wait: it noticed
     finally:
         if srv.poll() is None:
             srv.kill()

@@ -7,11 +7,11 @@ import json
 import socket
 import sys
 import threading
-import time
 
 import pytest
 
 from torch_hooks import protocol as proto
+from tests.wait import wait_until
 from torch_hooks.client import DaemonClient
 
 REG = proto.Registration(job="j", rank=0, world_size=2, peers=("h1",), rail=0)
@@ -84,9 +84,7 @@ def test_register_notices_malformed_stale_and_reports(tmp_path):
         assert c.counters["bad_messages"] == 5 and c.counters["stale_notices"] == 1
         assert [n.generation for n in seen] == [4, 6]
         assert c.report("rebuilt", rail_to=1)
-        deadline = time.monotonic() + 2
-        while not any(m.get("type") == "report" for m in srv.lines) and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_until(lambda: any(m.get("type") == "report" for m in srv.lines), 5, "the report at the server")
         assert srv.lines[-1] == {"type": "report", "event": "rebuilt", "rail_to": 1}
     finally:
         c.close()
@@ -97,18 +95,15 @@ def test_daemon_absent_then_appears_then_restarts(tmp_path):
     path = str(tmp_path / "h.sock")
     c = DaemonClient(REG, path, reconnect_s=(0.02, 0.1)).start()
     try:
-        time.sleep(0.2)
-        assert not c.connected and c.counters["connect_failures"] >= 1
+        wait_until(lambda: c.counters["connect_failures"] >= 2, 5, "two failed connects (no daemon yet)")
+        assert not c.connected
         assert c.report("x") is False and c.counters["reports_dropped"] == 1  # never blocks, never raises
         srv = Server(path)
         assert c.wait_connected(3)
         srv.send(proto.encode(_notice(9)))
         assert c.wait_notice(0, 3)
         srv.close()  # the daemon goes away ...
-        deadline = time.monotonic() + 3
-        while c.connected and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert not c.connected
+        wait_until(lambda: not c.connected, 5, "the client to see the daemon gone")
         srv = Server(path)  # ... and comes back as a new instance counting from 1
         assert c.wait_connected(3) and srv.got.wait(3) and srv.lines[0]["type"] == "register"
         srv.send(proto.encode(_notice(1, instance="i2")))

@@ -26,6 +26,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from tests.wait import wait_until  # noqa: E402
 from torch_hooks import protocol as proto  # noqa: E402
 
 
@@ -49,7 +50,8 @@ def worker(argv: list[str]) -> int:
     p.add_argument("--steps", type=int)
     p.add_argument("--out")
     p.add_argument("--progress")
-    p.add_argument("--pause", default="", help="STEP:SECONDS pause before the collective of that step")
+    p.add_argument("--pause", default="", help="STEP:GATE: before the collective of that step, write PROGRESS.paused "
+                   "and wait until the file GATE exists (at most 60 s)")
     p.add_argument("--no-daemon", action="store_true")
     p.add_argument("--die", type=int, default=-1, help="this rank dies (os._exit) before the collective of that step")
     p.add_argument("--exit-mode", action="store_true", help="on_unmovable='exit', rebuild timeout 3 s")
@@ -61,7 +63,7 @@ def worker(argv: list[str]) -> int:
     torch.manual_seed(7)
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    pause_step, pause_s = (int(a.pause.split(":")[0]), float(a.pause.split(":")[1])) if a.pause else (-1, 0.0)
+    pause_step, gate = (int(a.pause.split(":", 1)[0]), Path(a.pause.split(":", 1)[1])) if a.pause else (-1, None)
     peer = "h1" if a.rank == 0 else "h0"
     guard = LinkPassGuard(store, a.rank, 2, rails={0: "lo", 1: "lo"}, rail=0, state=[model, opt], job="t",
                           peers=[peer], hooks_socket=a.socket, connect=not a.no_daemon,
@@ -85,7 +87,11 @@ def worker(argv: list[str]) -> int:
             os._exit(9)
         if step == pause_step and step not in paused:
             paused.add(step)
-            time.sleep(pause_s)
+            Path(a.progress + ".paused").write_text(str(step))
+            deadline = time.monotonic() + 60
+            while not gate.exists() and time.monotonic() < deadline:
+                time.sleep(0.005)
+        Path(a.progress + ".at").write_text(str(step))  # this rank now enters the collective of this step
         guard.all_reduce(flat)
         flat /= 2
         off = 0
@@ -206,6 +212,13 @@ def _progress(tmp: Path, tag: str, r: int) -> int:
         return 0
 
 
+def _marker(tmp: Path, tag: str, r: int, what: str) -> int | None:
+    try:
+        return int((tmp / f"{tag}{r}.progress.{what}").read_text())
+    except (OSError, ValueError):
+        return None
+
+
 def _wait_progress(tmp, tag, r, n, procs, timeout=60):
     deadline = time.monotonic() + timeout
     while _progress(tmp, tag, r) < n:
@@ -243,29 +256,31 @@ def test_guard_rebuilds_mid_collective_twice_ignores_other_rail_and_survives_dae
     d0 = FakeDaemon(str(tmp_path / "h0.sock"), "h0")
     d1 = FakeDaemon(str(tmp_path / "h1.sock"), "h1")
     try:
-        # rank 1 dawdles 1.5 s before the collective of step 10: rank 0 is blocked in it when
-        # its daemon says the peer's rail 0 is gone
-        procs = _launch(tmp_path, "run", STEPS, pause={1: "10:1.5"})
-        _wait_progress(tmp_path, "run", 0, 10, procs)
-        time.sleep(0.3)
-        assert _progress(tmp_path, "run", 0) == 10  # rank 0 is inside step 10, waiting for rank 1
-        t_push = time.monotonic()
+        # rank 1 holds before the collective of step 10 until the test opens a gate: rank 0 is in
+        # that collective (it cannot complete) when its daemon says the peer's rail 0 is gone
+        gate = tmp_path / "gate"
+        procs = _launch(tmp_path, "run", STEPS, pause={1: f"10:{gate}"})
+        wait_until(lambda: _marker(tmp_path, "run", 1, "paused") == 10, 60, "rank 1 holding before step 10")
+        wait_until(lambda: _marker(tmp_path, "run", 0, "at") == 10, 60, "rank 0 entering the collective of step 10")
         d0.push(5, usable=[0, 1], peer_usable={"h1": [1]})
-        _wait_progress(tmp_path, "run", 0, 11, procs, timeout=10)
-        # rank 0 rebuilt long before rank 1's pause (and far before the 20 s gloo timeout) ended
-        assert time.monotonic() - t_push < 5
+        # rank 0 abandons the blocked collective on the notice while rank 1 still holds (so neither the
+        # collective completing nor the 20 s gloo timeout did it) ...
+        wait_until(lambda: "abandoning process group epoch 0 (rail 0) in step 10" in (tmp_path / "run0.log").read_text(),
+                   30, "rank 0 abandoning epoch 0 in step 10 (run0.log)")
+        assert all(p.poll() is None for p in procs) and _progress(tmp_path, "run", 0) == 10
+        assert not gate.exists()
+        gate.write_text("")  # ... and only then does rank 1 go on
+        _wait_progress(tmp_path, "run", 0, 11, procs)
         # a notice about rail 0 again (the group is on rail 1 now): no rebuild
         _wait_progress(tmp_path, "run", 0, 20, procs)
         d1.push(3, usable=[1], peer_usable={"h0": [0, 1]})
         # the daemon of host 1 restarts: the client reconnects and registers again
         _wait_progress(tmp_path, "run", 1, 28, procs)
         d1.close()
-        time.sleep(0.3)
+        time.sleep(0.3)  # input, not a wait: the daemon stays away a while (the client retries meanwhile)
         d1 = FakeDaemon(str(tmp_path / "h1.sock"), "h1")
-        deadline = time.monotonic() + 5
-        while not d1.registrations and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert d1.registrations and d1.registrations[-1]["rail"] == 1
+        wait_until(lambda: d1.registrations, 10, "rank 1 registering with the restarted daemon")
+        assert d1.registrations[-1]["rail"] == 1
         # rail 0 heals (host 0's daemon hears it from host 1): nothing to do
         _wait_progress(tmp_path, "run", 0, 34, procs)
         d0.push(6, usable=[0, 1], peer_usable={"h1": [0, 1]})
@@ -285,7 +300,7 @@ def test_guard_rebuilds_mid_collective_twice_ignores_other_rail_and_survives_dae
     assert e0[0]["trigger"] == "notice" and e0[0]["interrupted_step"] == 10 and e0[0]["resume_step"] == 10
     assert e1[0]["trigger"] in ("peer", "error")  # rank 1 learnt it from rank 0 (store or failed collective)
     assert e1[1]["trigger"] == "notice" and e0[1]["trigger"] in ("peer", "error")
-    assert all(e["rebuild_ms"] < 5000 for r in res for e in r["events"])
+    assert all(e["rebuild_ms"] >= 0 for r in res for e in r["events"])  # how fast: bench/, not here
     assert res[1]["client"]["connects"] >= 2  # reconnected after the restart
     # the hooks told the daemons what they did
     assert any(m["event"] == "rebuilt" and m["rail_to"] == 1 for m in d0.reports) or any(m["event"] == "rebuilt" for m in d1.reports)
@@ -310,7 +325,7 @@ pg.abort(); time.sleep(0.5)
 after_abort = w.is_completed()
 t = time.monotonic(); n = _shutdown_fds(fds)
 while not w.is_completed() and time.monotonic() - t < 5: time.sleep(0.001)
-print(f"RESULT {after_abort} {w.is_completed()} {n} {time.monotonic() - t:.3f}", flush=True)
+print(f"RESULT {after_abort} {w.is_completed()} {n}", flush=True)
 store.set("done", "1")
 '''
     port = _free_port()
@@ -318,9 +333,9 @@ store.set("done", "1")
                            stderr=subprocess.STDOUT, text=True) for r in range(2)]
     outs = [p.communicate(timeout=60)[0] for p in ps]
     line = next(ln for ln in outs[0].splitlines() if ln.startswith("RESULT"))
-    _, after_abort, done, n, secs = line.split()
-    assert after_abort == "False"   # abort() alone: still blocked
-    assert done == "True" and int(n) >= 1 and float(secs) < 1.0, outs[0]
+    _, after_abort, done, n = line.split()
+    assert after_abort == "False"   # abort() alone: still blocked half a second later (the window is the input)
+    assert done == "True" and int(n) >= 1, outs[0]  # shutting the sockets down frees it (within the 5 s bound)
 
 
 @pytest.mark.parametrize("env, want", [
