@@ -36,6 +36,7 @@ Every rebuild is recorded in :attr:`Controller.events` (times from ``time.monoto
 from __future__ import annotations
 
 import datetime
+import errno
 import json
 import logging
 import os
@@ -468,9 +469,15 @@ class Controller:
     # ---------------------------------------------------------------- hand-over to a spare
 
     def _own_rail_dead(self) -> bool:
-        """This host's daemon says the rail this process latched is not usable here."""
+        """The rail this process latched is not usable here: this host's daemon says so, or its
+        netdev has no carrier now (the kernel's word, read directly: a rebuild another rank asked
+        for can start before this host's daemon has told this process about its own link)."""
+        if self.rail is None:
+            return False
         n = self.client.latest if self.client is not None else None
-        return n is not None and self.rail is not None and self.rail in n.unusable
+        if n is not None and self.rail in n.unusable:
+            return True
+        return netdev_down(self.s.rails.get(self.rail))
 
     def _claim(self, kv, why: str):
         from torch_hooks.spare import claim_spare
@@ -615,6 +622,35 @@ class Controller:
             self._after_rebuild = None
             ev["first_step_t_ns"] = time.monotonic_ns()
             ev["first_step"] = steps
+
+
+#: where the kernel shows netdevs (a test points it at a tree of its own)
+SYS_NET = "/sys/class/net"
+
+
+def netdev_down(netdev: str | None) -> bool:
+    """True when ``netdev`` exists here and the kernel says it has no carrier or is down
+    (``/sys/class/net/<netdev>/carrier`` is ``0``, or reading it fails with EINVAL as it does on
+    an admin-down device; ``operstate`` ``down`` / ``lowerlayerdown``).  False when unknown (no
+    such netdev here, no sysfs): the daemon's notice decides then."""
+    if not netdev or "/" in netdev:
+        return False
+    base = os.path.join(SYS_NET, netdev)
+    if not os.path.isdir(base):
+        return False
+    try:
+        with open(os.path.join(base, "operstate")) as f:
+            if f.read().strip() in ("down", "lowerlayerdown"):
+                return True
+    except OSError:
+        pass
+    try:
+        with open(os.path.join(base, "carrier")) as f:
+            return f.read().strip() == "0"
+    except OSError as e:
+        return e.errno == errno.EINVAL
+    except ValueError:
+        return False
 
 
 def _default_exit(code: int, reason: str) -> None:

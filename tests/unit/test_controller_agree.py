@@ -64,3 +64,20 @@ def test_no_rail_for_the_whole_wait_ends_in_no_rail(monkeypatch):
         t.join(30)
     assert [got[r].outcome for r in (0, 1)] == ["no_rail", "no_rail"]
     assert "rail 1" in got[0].reason
+
+
+def test_the_kernel_s_word_on_the_latched_rail_s_netdev(tmp_path, monkeypatch):
+    from torch_hooks import controller as c
+
+    monkeypatch.setattr(c, "SYS_NET", str(tmp_path))
+    for name, oper, carrier in (("up0", "up", "1"), ("nocarrier", "up", "0"), ("lower", "lowerlayerdown", "0"),
+                                ("down", "down", None)):
+        d = tmp_path / name
+        d.mkdir()
+        (d / "operstate").write_text(oper + "\n")
+        if carrier is not None:
+            (d / "carrier").write_text(carrier + "\n")
+    assert c.netdev_down("up0") is False
+    assert c.netdev_down("nocarrier") is True and c.netdev_down("lower") is True and c.netdev_down("down") is True
+    # unknown here: the daemon's notice decides
+    assert c.netdev_down("absent") is False and c.netdev_down(None) is False and c.netdev_down("../up0") is False
