@@ -21,14 +21,19 @@ from linkpass.core.model import (
     Action,
     AddrChanged,
     ApplyRoutes,
+    ConfigReloaded,
+    DeviceFaultDelivered,
     DeviceIncident,
     Drain,
     Event,
     HistoryEntry,
+    HookPeersChanged,
+    HookPlan,
     LinkChanged,
     LinkFacts,
     LinkSnapshot,
     NotifyDeviceFault,
+    NotifyHooks,
     PeerRails,
     ProbeLoss,
     ProbeResult,
@@ -36,10 +41,14 @@ from linkpass.core.model import (
     RouteChanged,
     RoutesApplied,
     SendNotice,
+    SetProbePriority,
     SetTimer,
     Tick,
+    WriteNcclEnv,
 )
 from linkpass.core.damping import FlapDamper
+from linkpass.core.nccl_env import NcclContext
+from linkpass.core.nccl_env import RailHealth as NcclRail
 from linkpass.core.paths import PathHealth, PathState
 from linkpass.core.planner import Plan, all_destinations, plan_routes
 
@@ -60,6 +69,9 @@ class Engine:
 
     Args:
         cfg: validated configuration.
+        nccl: what the NCCL environment file is computed from (see
+            :class:`~linkpass.core.nccl_env.NcclContext`); None: no file is written, and no
+            :class:`WriteNcclEnv` is returned.
 
     Attributes:
         generation: current plan generation (starts at 0; the first plan is 1).
@@ -72,8 +84,10 @@ class Engine:
             routes), and one per other history kind (``plan``, ``degraded``, ``recovered``, ...).
     """
 
-    def __init__(self, cfg: Config):
+    def __init__(self, cfg: Config, nccl: NcclContext | None = None):
         self.cfg = cfg
+        self.nccl = nccl
+        self.hook_peers: tuple[str, ...] = ()  # peers of the registered torch-hook jobs (probed first)
         self.generation = 0
         self.rails: dict[int, RailHealth] = {}
         self.links: dict[str, LinkFacts] = {}
@@ -138,12 +152,13 @@ class Engine:
         self._rail_peers = {r.id: sum(1 for p in cfg.peers if r.id in p.rail_ips) for r in cfg.rails}
         self._dsts = all_destinations(cfg)
 
-    def reconfigure(self, cfg: Config, now_ns: int) -> list[Action]:
-        """Adopt a reloaded config (SIGHUP): rails, peers, hold-down, route settings.
-
-        Rails whose netdev changed are re-evaluated from the last link facts seen.
+    def _on_config(self, ev: ConfigReloaded, now_ns: int) -> list[Action]:
+        """Adopt a reloaded config (SIGHUP): rails, peers, hold-down, route settings, and the
+        NCCL context.  Rails whose netdev changed are re-evaluated from the last link facts seen.
         """
+        cfg = ev.cfg
         old_dev = {r.id: r.netdev for r in self.cfg.rails}
+        self.nccl = ev.nccl
         self._configure(cfg)
         self._record("config_reloaded", now_ns, {})
         for r in cfg.rails:
@@ -190,6 +205,13 @@ class Engine:
             return self._on_drain(event, now_ns)
         if isinstance(event, DeviceIncident):
             return self._on_incident(event, now_ns)
+        if isinstance(event, DeviceFaultDelivered):
+            self._on_fault_delivered(event)
+            return []
+        if isinstance(event, HookPeersChanged):
+            return self._on_hook_peers(event)
+        if isinstance(event, ConfigReloaded):
+            return self._on_config(event, now_ns)
         log.warning("engine: ignoring unknown event %r", type(event).__name__)
         return []
 
@@ -296,8 +318,8 @@ class Engine:
         backlog incident (read at start, never acted on) does not start a window.
 
         ``notified`` in the recorded entry is the engine's intent (a :class:`NotifyDeviceFault`
-        follows); the daemon replaces it with what happened, in the same loop turn, through
-        :meth:`device_fault_outcome` (true only when at least one hook client got it).
+        follows); the daemon replaces it with what happened, in the same loop turn, with a
+        :class:`DeviceFaultDelivered` event (true only when at least one hook client got it).
         """
         key = (ev.code, ev.device)
         last = self._incident_seen.get(key)
@@ -339,15 +361,15 @@ class Engine:
                  " (backlog: recorded only)" if ev.backlog else "")
         return [NotifyDeviceFault(ev)] if act else []
 
-    def device_fault_outcome(self, ev: DeviceIncident, clients: int, *, kept: bool = False, unattributed: bool = False,
-                             late: bool = False) -> None:
-        """What became of a :class:`NotifyDeviceFault` (called by the daemon): ``clients`` hook
-        clients got it (``notified`` = at least one did); ``kept``: nobody got it and it waits
-        for a client that registers on its GPU; ``unattributed``: no GPU index for its device,
-        so no client was told (a node-level fault); ``late``: a kept fault was delivered to a
-        client that registered later.  Updates the status entry and, when it has not been
-        passed to the event sinks yet (same loop turn), the history entry.  Unknown ``ev``
-        (forgotten): nothing happens."""
+    def _on_fault_delivered(self, d: DeviceFaultDelivered) -> None:
+        """What became of a :class:`NotifyDeviceFault` (the daemon's hook adapter says):
+        ``clients`` hook clients got it (``notified`` = at least one did); ``kept``: nobody got it
+        and it waits for a client that registers on its GPU; ``unattributed``: no GPU index for
+        its device, so no client was told (a node-level fault); ``late``: a kept fault was
+        delivered to a client that registered later.  Updates the status entry and, when not
+        ``late`` (the daemon feeds the outcome back in the same loop turn, before the history is
+        passed to the event sinks), the history entry.  Unknown incident (forgotten): nothing."""
+        ev, clients, kept, unattributed, late = d.incident, d.clients, d.kept, d.unattributed, d.late
         ref = self._notify_entries.get((ev.source, ev.code, ev.device, ev.t_ns))
         if ref is None:
             return
@@ -365,6 +387,26 @@ class Engine:
         entry.update(upd)
         if not late:
             hist.update(upd)
+
+    def _on_hook_peers(self, ev: HookPeersChanged) -> list[Action]:
+        """The peers of the registered torch-hook jobs changed: probe those (configured) first."""
+        peers = tuple(sorted({p for p in ev.peers if p in self._peer_names}))
+        if peers == self.hook_peers:
+            return []
+        self.hook_peers = peers
+        return [SetProbePriority(peers)]
+
+    def _nccl_action(self, now_ns: int) -> WriteNcclEnv | None:
+        """The NCCL environment file of the current generation (None when none is written)."""
+        if self.nccl is None:
+            return None
+        rails = tuple(NcclRail(r.id, r.netdev, self.rails[r.id].usable, self.rails[r.id].state.value,
+                               tuple(sorted(self.addrs.get(r.netdev, ())))) for r in self.cfg.rails)
+        return WriteNcclEnv(self.generation, rails, self.nccl)  # computed when the adapter writes it
+
+    def _hook_plan(self, reason: str, now_ns: int) -> HookPlan:
+        return HookPlan(self.generation, frozenset(r.id for r in self.cfg.rails), self.local_usable(),
+                        {p.name: self.peer_usable.get(p.name) for p in self.cfg.peers}, reason, now_ns)
 
     # ------------------------------------------------------------------ helpers
 
@@ -642,6 +684,10 @@ class Engine:
             purge = tuple(netdevs[r] for r in lost if r in netdevs)
             actions.append(ApplyRoutes(self.generation, plan.routes, plan.keep_dsts, reason, resync=self._resync_routes, purge_neighbors=purge))
             self._resync_routes = False
+            nccl = self._nccl_action(now_ns)
+            if nccl is not None:
+                actions.append(nccl)
+            actions.append(NotifyHooks(self._hook_plan(reason, now_ns)))
             if prev_usable is None or usable != prev_usable or force:
                 actions.append(SendNotice(self.generation, usable, urgent=True))
         deadlines = [d for h in self.rails.values() if (d := h.next_deadline()) is not None]

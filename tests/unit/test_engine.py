@@ -21,6 +21,8 @@ from linkpass.core.model import (
     RouteChanged,
     RoutesApplied,
     RouteSpec,
+    HookPlan,
+    NotifyHooks,
     SendNotice,
     SetTimer,
     Tick,
@@ -69,10 +71,12 @@ def test_start_all_up_host_ip(n_rails, n_peers):
     rails = tuple(range(n_rails))
     eng, acts = started(rails=rails, n_peers=n_peers)
     expected_routes = tuple(sorted((host_route(p, rails) for p in range(1, n_peers + 1)), key=lambda r: r.dst))
-    assert len(acts) == 2
-    ap, sn = acts
-    assert isinstance(ap, ApplyRoutes) and isinstance(sn, SendNotice)
-    assert ap.generation == 1 and sn.generation == 1
+    assert len(acts) == 3
+    ap, nh, sn = acts
+    assert isinstance(ap, ApplyRoutes) and isinstance(nh, NotifyHooks) and isinstance(sn, SendNotice)
+    assert ap.generation == 1 and sn.generation == 1 and nh.plan.generation == 1
+    assert nh.plan.rails == nh.plan.usable == frozenset(rails)
+    assert nh.plan.peer_usable == {f"h{p}": None for p in range(1, n_peers + 1)}
     assert ap.routes == expected_routes
     assert ap.keep_dsts == frozenset()
     assert ap.resync is False
@@ -175,6 +179,7 @@ def test_carrier_loss_then_failback_after_hold_down():
     acts = eng.handle(link(carrier_lost("rail1"), t1), t1)
     assert acts == [
         ApplyRoutes(2, (host_route(1, (0, 2)),), frozenset(), "link change on rail1", resync=False, purge_neighbors=("rail1",)),
+        NotifyHooks(HookPlan(2, frozenset({0, 1, 2}), frozenset({0, 2}), {"h1": None}, "link change on rail1", t1)),
         SendNotice(2, frozenset({0, 2}), urgent=True),
     ]
     assert eng.rails[1].state == RailState.DOWN
