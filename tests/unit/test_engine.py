@@ -632,3 +632,24 @@ def test_purge_neighbors_names_only_rails_that_just_became_unusable():
     # the link coming back (into hold-down) purges nothing
     acts = applies(e.handle(LinkChanged(up("rail1"), 3), 3))
     assert all(a.purge_neighbors == () for a in acts)
+
+
+# ----------------------------------------------------------------------------- events from the daemon's edges
+
+
+def test_config_reloaded_is_an_event_that_forces_a_new_plan():
+    from linkpass.core.model import ConfigReloaded
+
+    eng, _ = started(rails=(0, 1))
+    acts = eng.handle(ConfigReloaded(make_cfg(rails=(0, 1)), None, 2 * S), 2 * S)
+    assert [a.generation for a in applies(acts)] == [2] and [n.generation for n in notices(acts)] == [2]
+    assert [h.kind for h in eng.history][-2:] == ["config_reloaded", "plan"]
+
+
+def test_hook_peers_changed_becomes_set_probe_priority_of_configured_peers():
+    from linkpass.core.model import HookPeersChanged, SetProbePriority
+
+    eng, _ = started(rails=(0, 1), n_peers=2)
+    assert eng.handle(HookPeersChanged(("h2", "nobody", "h1"), S), S) == [SetProbePriority(("h1", "h2"))]
+    assert eng.handle(HookPeersChanged(("h1", "h2"), 2 * S), 2 * S) == []
+    assert eng.handle(HookPeersChanged((), 3 * S), 3 * S) == [SetProbePriority(())]
