@@ -19,7 +19,9 @@ A handler may answer with events (the device-fault outcome): they go through
 documented read, :meth:`Engine.drain_events`, once per loop turn, to the event sinks.
 Signals: SIGTERM/SIGINT stop the daemon and leave routes as they are (traffic must not drop
 because the daemon stops); SIGHUP reloads the config (an invalid new config is logged and
-the old one kept).  The control socket answers ``{"cmd": "status"}`` with a JSON status.
+the old one kept).  The control socket answers ``{"cmd": "status"}`` with a JSON status, and
+``{"cmd": "drain", "rail": ID}`` / ``undrain`` (``linkpass drain`` / ``undrain``) with a
+:class:`Drain` event for the engine.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ from linkpass.core.model import (
     ApplyRoutes,
     ConfigReloaded,
     DeviceFaultDelivered,
+    Drain,
     HookPeersChanged,
     LinkChanged,
     NotifyDeviceFault,
@@ -495,11 +498,15 @@ class Daemon:
                 resp = self.status()
             elif cmd == "history":
                 resp = {"schema": "linkpass.history/v1", "history": [h.to_json() for h in self.engine.history]}
+            elif cmd in ("drain", "undrain"):
+                resp = self._drain_request(req, cmd == "drain")
+                why = resp.get("error")
             elif cmd == "debug-block-loop" and os.environ.get("LINKPASS_DEBUG") == "1":
                 resp = _debug_block_request(req)
             else:
                 why = "unknown request"
-                resp = {"error": "unknown request; send {\"cmd\": \"status\"} or {\"cmd\": \"history\"}"}
+                resp = {"error": "unknown request; send {\"cmd\": \"status\"}, {\"cmd\": \"history\"} or "
+                                 "{\"cmd\": \"drain\" (or \"undrain\"), \"rail\": ID}"}
             if why is not None:
                 self._bad_request(why)
             writer.write(json.dumps(resp).encode() + b"\n")
@@ -519,6 +526,22 @@ class Daemon:
                 pass
         finally:
             writer.close()
+
+    def _drain_request(self, req: dict, drain: bool) -> dict:
+        """``{"cmd": "drain" | "undrain", "rail": ID}``: an operator takes a configured rail out of
+        use (DRAINED: routes and notices leave it) or gives it back (through hold-down).  Posted
+        as a :class:`Drain` event; the reply says it was accepted, ``linkpass status`` shows the
+        result."""
+        cmd = "drain" if drain else "undrain"
+        rail = req.get("rail")
+        ids = sorted(r.id for r in self.cfg.rails)
+        if isinstance(rail, bool) or not isinstance(rail, int):
+            return {"error": f"{cmd}: \"rail\" must be a rail id (one of {ids}), got {type(rail).__name__}"}
+        if rail not in ids:
+            return {"error": f"{cmd}: no rail {rail} in this daemon's config (rails: {ids})"}
+        self.queue.put_nowait(Drain(rail, drain, time.monotonic_ns()))
+        log.warning("control socket: operator %s rail %d", "drains" if drain else "undrains", rail)
+        return {"ok": True, "cmd": cmd, "rail": rail}
 
     def _bad_request(self, why: str) -> None:
         """Count a bad control request; one warning line, rate limited (see :class:`_Throttle`)."""
@@ -758,8 +781,9 @@ def run(config_path: str, log_level: str | None = None) -> int:
     return asyncio.run(daemon.run())
 
 
-async def query(socket_path: str, cmd: str = "status", timeout: float = 5.0) -> dict:
-    """Ask a running daemon over its control socket.
+async def query(socket_path: str, cmd: str = "status", timeout: float = 5.0, **fields) -> dict:
+    """Ask a running daemon over its control socket (``fields``: more request members, such as
+    ``rail`` for ``drain``).
 
     Raises:
         OSError: no daemon listens there.
@@ -767,7 +791,7 @@ async def query(socket_path: str, cmd: str = "status", timeout: float = 5.0) -> 
     """
     reader, writer = await asyncio.wait_for(asyncio.open_unix_connection(socket_path, limit=QUERY_LIMIT), timeout)
     try:
-        writer.write(json.dumps({"cmd": cmd}).encode() + b"\n")
+        writer.write(json.dumps({"cmd": cmd, **fields}).encode() + b"\n")
         await writer.drain()
         line = await asyncio.wait_for(reader.readline(), timeout)
         return json.loads(line)
