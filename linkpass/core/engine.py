@@ -584,7 +584,7 @@ class Engine:
             self._record_transition(t, now_ns, event_ns)
             # a flap is a withdrawal: traffic was on the rail and had to leave it (RFC 2439 counts
             # withdrawals); going back DOWN during hold-down moved no traffic and adds nothing
-            if damper is not None and t.new == RailState.DOWN and t.old in (RailState.UP, RailState.SUSPECT):
+            if damper is not None and t.new == RailState.DOWN and t.old == RailState.UP:
                 if damper.on_down(now_ns):
                     self._record("damping", now_ns, {"rail": rid, **damper.to_json(now_ns)})
         if not (facts.present and facts.admin_up):
