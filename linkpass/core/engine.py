@@ -400,9 +400,12 @@ class Engine:
         """The NCCL environment file of the current generation (None when none is written)."""
         if self.nccl is None:
             return None
-        rails = tuple(NcclRail(r.id, r.netdev, self.rails[r.id].usable, self.rails[r.id].state.value,
-                               tuple(sorted(self.addrs.get(r.netdev, ())))) for r in self.cfg.rails)
-        return WriteNcclEnv(self.generation, rails, self.nccl)  # computed when the adapter writes it
+        return WriteNcclEnv(self.generation, self.nccl_rails, self.nccl)  # computed when the adapter writes it
+
+    def nccl_rails(self) -> tuple[NcclRail, ...]:
+        """Our rails as the NCCL environment sees them: usable or not, state, addresses."""
+        return tuple(NcclRail(r.id, r.netdev, self.rails[r.id].usable, self.rails[r.id].state.value,
+                              tuple(sorted(self.addrs.get(r.netdev, ())))) for r in self.cfg.rails)
 
     def _hook_plan(self, reason: str, now_ns: int) -> HookPlan:
         return HookPlan(self.generation, frozenset(r.id for r in self.cfg.rails), self.local_usable(),

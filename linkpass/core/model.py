@@ -439,25 +439,28 @@ class WriteNcclEnv:
     """Write the NCCL environment file for plan ``generation``; the adapter writes :attr:`text`.
 
     The environment is computed by pure core code (:func:`linkpass.core.nccl_env.plan_env_file`)
-    from the rails' health at this generation and the NCCL context, on first use of
-    :attr:`text` (about 0.2 ms for an 8-NIC host): the adapter asks after the routes of the
-    same plan are under way, and of several plans in a row only the newest is computed.
+    from the rails' health and the NCCL context, on first use of :attr:`text` (about 0.2 ms
+    for an 8-NIC host): the adapter asks once the events queued with this plan are handled
+    (the route actuator has started; the addresses the netlink dump brings right after the
+    first plan are known), and of several plans in a row only the newest is computed.
 
     Attributes:
         generation: plan generation; only a newer one than the file's is written.
-        rails: the rails' health at this generation (:class:`linkpass.core.nccl_env.RailHealth`).
+        rails: the rails' health (:class:`linkpass.core.nccl_env.RailHealth` items), or a
+            callable giving them as of the call (the engine's :meth:`nccl_rails`).
         context: :class:`linkpass.core.nccl_env.NcclContext` (topology, options, host).
     """
 
     generation: int
-    rails: tuple = ()
+    rails: Any = ()
     context: Any = None
 
     @cached_property
     def _result(self) -> tuple:
         from linkpass.core.nccl_env import plan_env_file
 
-        return plan_env_file(self.context, self.rails, self.generation)
+        rails = self.rails() if callable(self.rails) else self.rails
+        return plan_env_file(self.context, tuple(rails), self.generation)
 
     @property
     def env(self):

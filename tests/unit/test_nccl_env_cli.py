@@ -20,7 +20,7 @@ import sysfs_trees as st
 
 from linkpass.adapters.nccl_file import NcclEnvFile, write_atomic
 from linkpass.core.engine import Engine
-from linkpass.core.model import LinkChanged, WriteNcclEnv
+from linkpass.core.model import AddrChanged, LinkChanged, WriteNcclEnv
 from linkpass.core.nccl_env import health_from_status, plan_env_file
 from linkpass.cli import main
 from linkpass.config import parse_config
@@ -262,8 +262,12 @@ def test_engine_computes_the_env_file_from_its_own_rails(tmp_path, tree):
     f = NcclEnvFile(cfg)
     eng = Engine(cfg, f.context)
     (w,) = [a for a in eng.handle(snapshot(cfg, 0), 0) if isinstance(a, WriteNcclEnv)]
+    # the addresses the netlink dump brings right after the first plan are in the file it writes
+    for i, d in enumerate(DEVS):
+        assert eng.handle(AddrChanged(d, f"10.{i}.0.1", 24, True, 0), 0) == []
     # the same text the adapter used to compute from `linkpass status` JSON
     assert w.generation == 1 and w.error is None
+    assert "NCCL_SOCKET_IFNAME==" + ",".join(DEVS) in w.text.splitlines()
     assert w.text == plan_env_file(f.context, health_from_status(eng.status(0)).rails, 1)[1]
     f.write(w)
     assert path.read_text() == w.text and f"NCCL_IB_HCA={HGX_HCA}" in w.text.splitlines()
