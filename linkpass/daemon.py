@@ -8,7 +8,8 @@
     timer (Tick)   ─┤                                             SendNotice       -> NoticeService.submit
     KmsgFollower,  ─┤  (DeviceIncident)                           NotifyDeviceFault-> HookServer (device_fault)
     NVML, RDMA     ─┤                                             NotifyHooks      -> HookServer.publish
-    HookServer     ─┘  (HookPeersChanged, DeviceFaultDelivered)   SetProbePriority -> Prober
+    HookServer     ─┘  (HookPeersChanged, HookReport,             SetProbePriority -> Prober
+                        DeviceFaultDelivered)                     PublishHookReport-> MqttPublisher
                                                                   WriteNcclEnv     -> NcclEnvFile.write
                                                                   SetTimer, RefreshNeighbors
 
@@ -56,9 +57,11 @@ from linkpass.core.model import (
     DeviceFaultDelivered,
     Drain,
     HookPeersChanged,
+    HookReport,
     LinkChanged,
     NotifyDeviceFault,
     NotifyHooks,
+    PublishHookReport,
     RefreshNeighbors,
     RoutesApplied,
     SendNotice,
@@ -179,7 +182,7 @@ class Daemon:
         # torch hooks (torch_hooks.client): registrations in, a notice per plan generation out
         self.hooks = HookServer(cfg.hooks.socket or default_socket_path(cfg.daemon.control_socket), cfg.daemon.host,
                                 [p.name for p in cfg.peers], self._hook_peers_changed,
-                                cfg.hooks.max_clients) if cfg.hooks.enabled else None
+                                cfg.hooks.max_clients, on_report=self._hook_report) if cfg.hooks.enabled else None
         self.device_sources: dict = {}  # name -> running live device source (kmsg, nvml, rdma)
         # callables taking a list of new engine HistoryEntry items after each engine step (see _emit)
         self.event_sinks: list = []
@@ -236,7 +239,7 @@ class Daemon:
     def _make_mqtt(self, cfg: Config):
         """The MQTT publisher (not connected yet; :meth:`run` starts it).  Problems with the
         broker or its files are the publisher's to log; they never stop the daemon."""
-        from linkpass.adapters.mqtt import MqttPublisher, ReportTap, compact_state, topology_of
+        from linkpass.adapters.mqtt import MqttPublisher, compact_state, topology_of
 
         try:
             pub = MqttPublisher(cfg.mqtt, cfg.daemon.host, {r.id: r.netdev for r in cfg.rails},
@@ -245,9 +248,7 @@ class Daemon:
         except Exception:  # a bug: the network job goes on without alerts
             log.exception("mqtt: cannot set up the publisher; running without MQTT alerts")
             return None
-        if self.hooks:  # rebuild / migration reports of the torch hooks become events too
-            self.hooks.reports = ReportTap(self.hooks.reports, pub.on_hook_report)
-        return pub
+        return pub  # rebuild / migration reports of the torch hooks reach it as PublishHookReport actions
 
     def _route_filter(self, dst: str, proto: int) -> bool:
         return proto == self.cfg.daemon.route_protocol or dst in self.engine.destinations
@@ -266,6 +267,7 @@ class Daemon:
             NotifyHooks: self._notify_hooks if self.hooks else None,
             SetProbePriority: (lambda a: self.prober.set_priority_peers(list(a.peers))) if self.prober else None,
             NotifyDeviceFault: self._device_fault,
+            PublishHookReport: self.mqtt.on_hook_report if self.mqtt else None,
         }
         return {k: v for k, v in table.items() if v is not None}  # an adapter that is off takes nothing
 
@@ -310,6 +312,10 @@ class Daemon:
     def _notify_hooks(self, a: NotifyHooks) -> None:
         if a.plan.generation > self.hooks.generation:
             self.hooks.publish(a.plan)
+
+    def _hook_report(self, rec: dict) -> None:
+        """A torch hook's report (the hook server kept it): an event for the engine."""
+        self.queue.put_nowait(HookReport(rec, time.monotonic_ns()))
 
     def _hook_peers_changed(self, names) -> None:
         """The hook server's peers of registered jobs changed: an event for the engine."""

@@ -114,6 +114,7 @@ class HookServer:
             ``unknown_peers``; only configured ones go to the prober).
         set_priority_peers: called with the sorted union of registered, configured peers
             whenever it changes (the daemon posts a ``HookPeersChanged`` event), or None.
+        on_report: called with every kept report (the daemon posts a ``HookReport`` event), or None.
         max_clients: connections beyond this are refused (closed at once, counted).
 
     Attributes:
@@ -133,11 +134,13 @@ class HookServer:
     """
 
     def __init__(self, path: str, host: str, peer_names: Sequence[str] = (),
-                 set_priority_peers: Callable[[Sequence[str]], None] | None = None, max_clients: int = 1024):
+                 set_priority_peers: Callable[[Sequence[str]], None] | None = None, max_clients: int = 1024,
+                 on_report: Callable[[dict], None] | None = None):
         self.path = path
         self.host = host
         self.peer_names = frozenset(peer_names)
         self.set_priority_peers = set_priority_peers
+        self.on_report = on_report
         self.max_clients = max_clients
         self.counters: Counter[str] = Counter()
         self.reports: deque[dict] = deque(maxlen=100)
@@ -431,6 +434,11 @@ class HookServer:
                    "rank": c.reg.rank, "pid": c.pid}
             c.last_report = rec
             self.reports.append(rec)
+            if self.on_report is not None:
+                try:
+                    self.on_report(rec)
+                except Exception:
+                    log.exception("hook report not passed on")
             log.log(logging.WARNING if ev in ("unmovable", "rebuild_failed") else logging.INFO,
                     "hook job %s rank %d: %s %s", c.reg.job, c.reg.rank, ev, detail)
 

@@ -29,6 +29,7 @@ from linkpass.core.model import (
     HistoryEntry,
     HookPeersChanged,
     HookPlan,
+    HookReport,
     LinkChanged,
     LinkFacts,
     LinkSnapshot,
@@ -37,6 +38,7 @@ from linkpass.core.model import (
     PeerRails,
     ProbeLoss,
     ProbeResult,
+    PublishHookReport,
     RefreshNeighbors,
     RouteChanged,
     RoutesApplied,
@@ -212,6 +214,10 @@ class Engine:
             return self._on_hook_peers(event)
         if isinstance(event, ConfigReloaded):
             return self._on_config(event, now_ns)
+        if isinstance(event, HookReport):
+            # not engine state (the hook server keeps the recent ones): passed on, so that the
+            # one dispatch table routes it to the operators' adapter
+            return [PublishHookReport(event.report)]
         log.warning("engine: ignoring unknown event %r", type(event).__name__)
         return []
 

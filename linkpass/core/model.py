@@ -277,8 +277,16 @@ class HookPeersChanged:
     t_ns: int = 0
 
 
+@dataclass(frozen=True)
+class HookReport:
+    """A torch hook's report (rebuild, migration, ...) as the hook server kept it."""
+
+    report: Mapping
+    t_ns: int = 0
+
+
 Event = Union[LinkChanged, LinkSnapshot, AddrChanged, RouteChanged, PeerRails, RoutesApplied, ProbeResult, ProbeLoss, Tick, Drain,
-              DeviceIncident, ConfigReloaded, DeviceFaultDelivered, HookPeersChanged]
+              DeviceIncident, ConfigReloaded, DeviceFaultDelivered, HookPeersChanged, HookReport]
 
 # --------------------------------------------------------------------------- routes
 
@@ -490,7 +498,15 @@ class SetProbePriority:
     peers: tuple[str, ...]
 
 
-Action = Union[ApplyRoutes, SendNotice, SetTimer, RefreshNeighbors, NotifyDeviceFault, NotifyHooks, WriteNcclEnv, SetProbePriority]
+@dataclass(frozen=True)
+class PublishHookReport:
+    """Pass a torch hook's report on to the operators (the MQTT adapter makes it an alert)."""
+
+    report: Mapping
+
+
+Action = Union[ApplyRoutes, SendNotice, SetTimer, RefreshNeighbors, NotifyDeviceFault, NotifyHooks, WriteNcclEnv, SetProbePriority,
+               PublishHookReport]
 
 
 @dataclass

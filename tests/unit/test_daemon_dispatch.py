@@ -97,3 +97,19 @@ def test_hook_peers_reach_the_prober_only_as_an_engine_action(d):
     assert told == [SetProbePriority(("h1",))]  # only configured peers
     assert d.engine.handle(ev, 2) == []  # unchanged: nothing to tell
 
+
+
+def test_hook_reports_reach_the_operators_adapter_through_the_engine(d):
+    from linkpass.core.model import HookReport, PublishHookReport
+
+    rec = {"event": "rebuilt", "job": "j", "rank": 1}
+    d.hooks.on_report(rec)  # what the hook server calls for a kept report
+    ev = d.queue.get_nowait()
+    assert ev == HookReport(rec, ev.t_ns)
+    acts = d.engine.handle(ev, 1)
+    assert acts == [PublishHookReport(rec)]
+    assert PublishHookReport not in d.handlers  # MQTT is off here: nobody owns it
+    got = []
+    d.handlers[PublishHookReport] = lambda a: got.append(a.report)
+    d._dispatch(acts)
+    assert got == [rec]
