@@ -267,7 +267,7 @@ class Daemon:
             NotifyHooks: self._notify_hooks if self.hooks else None,
             SetProbePriority: (lambda a: self.prober.set_priority_peers(list(a.peers))) if self.prober else None,
             NotifyDeviceFault: self._device_fault,
-            PublishHookReport: self.mqtt.on_hook_report if self.mqtt else None,
+            PublishHookReport: (lambda a: self.mqtt.on_hook_report(a.report)) if self.mqtt else None,
         }
         return {k: v for k, v in table.items() if v is not None}  # an adapter that is off takes nothing
 

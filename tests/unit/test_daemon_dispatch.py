@@ -9,6 +9,7 @@ import logging
 import shutil
 import tempfile
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -110,6 +111,7 @@ def test_hook_reports_reach_the_operators_adapter_through_the_engine(d):
     assert acts == [PublishHookReport(rec)]
     assert PublishHookReport not in d.handlers  # MQTT is off here: nobody owns it
     got = []
-    d.handlers[PublishHookReport] = lambda a: got.append(a.report)
+    d.mqtt = SimpleNamespace(on_hook_report=got.append)  # the MQTT publisher's entry point
+    d.handlers = d._handlers()
     d._dispatch(acts)
-    assert got == [rec]
+    assert got == [rec] and d.dispatch_errors == {}
