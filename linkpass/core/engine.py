@@ -613,7 +613,8 @@ class Engine:
 
     def drain_events(self) -> list[HistoryEntry]:
         """Every history entry recorded since the last call, oldest first (the same objects as in
-        ``history``, which is a ring and may have dropped them already).  The daemon passes them
+        ``history``, which is a ring and may have dropped them already).  The one way history
+        leaves the engine (state changes only through :meth:`handle`).  The daemon passes them
         to its event sinks (MQTT alerts, Prometheus metrics) after each ``handle()``.  At most
         ``4 * HISTORY_LEN`` are kept between drains; older ones are dropped."""
         out, self.new_events = self.new_events, []

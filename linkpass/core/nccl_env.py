@@ -117,8 +117,9 @@ class RailHealth:
     Attributes:
         id: the daemon's rail id (in config mode not necessarily the topology's rail number).
         netdev: the netdev serving the rail.
-        usable: True when the daemon may send traffic over it (UP or SUSPECT).
-        state: the rail state (UP, SUSPECT, DOWN, HOLD_DOWN, DRAINED, UNKNOWN).
+        usable: True when the daemon may send traffic over it (UP).
+        state: the rail state (UP, DOWN, HOLD_DOWN, DRAINED, UNKNOWN; an older daemon's
+            SUSPECT still reads as usable).
         addresses: the netdev's addresses, ``"a.b.c.d/len"``.
     """
 
