@@ -114,7 +114,6 @@ class Engine:
         self._raw_ok: dict[int, bool] = {}       # rail -> last link+probe verdict (flaps while suppressed)
         self._link_healthy: dict[int, bool] = {}  # rail -> last link verdict alone
         self._link_up_ns: dict[int, int] = {}     # rail -> when its link last came back
-        self._pending: list[Action] = []          # actions produced outside _replan (neighbour refresh)
         self.paths: dict[tuple[int, str], PathHealth] = {}
         self.probe_failed: dict[int, str] = {}   # rail -> why its probes say it is failed
         self.loss: dict[int, tuple[float, int]] = {}  # rail -> (loss ratio, samples) from the edge
@@ -176,11 +175,13 @@ class Engine:
         Never raises on event content; an :class:`~linkpass.core.health.IllegalTransition`
         would be a bug in this module.
         """
+        link_was = dict(self._link_healthy)
         actions = self._handle(event, now_ns)
-        if self._pending:
-            actions = self._pending + actions
-            self._pending = []
-        return actions
+        # a rail whose link came back needs its unresolved neighbours dropped, before the routes
+        netdevs = {r.id: r.netdev for r in self.cfg.rails}
+        refresh = [RefreshNeighbors(netdevs[rid]) for rid, ok in sorted(self._link_healthy.items())
+                   if ok and not link_was.get(rid, True) and rid in netdevs]
+        return refresh + actions if refresh else actions
 
     def _handle(self, event: Event, now_ns: int) -> list[Action]:
         if isinstance(event, LinkSnapshot):
@@ -570,8 +571,7 @@ class Engine:
         netdev = next(r.netdev for r in self.cfg.rails if r.id == rid)
         facts = self.links.get(netdev) or LinkFacts(netdev, present=False, admin_up=False, carrier=False, operstate="NOTPRESENT")
         if facts.healthy and not self._link_healthy.get(rid, True):
-            self._link_up_ns[rid] = now_ns
-            self._pending.append(RefreshNeighbors(netdev))
+            self._link_up_ns[rid] = now_ns  # handle() returns a RefreshNeighbors for it
         self._link_healthy[rid] = facts.healthy
         ok = facts.healthy and rid not in self.probe_failed
         reason = facts.why_not() or self.probe_failed.get(rid) or f"{netdev} up"
