@@ -70,6 +70,29 @@ def _socket_from_args(args) -> str:
 
 
 def cmd_status(args) -> int:
+    st = _ask(args, "history" if args.history else "status")
+    if isinstance(st, int):
+        return st
+    if args.json or args.history:
+        print(json.dumps(st, indent=2))
+        return 0
+    _print_status(st)
+    return 0
+
+
+def cmd_drain(args) -> int:
+    """``linkpass drain RAIL`` / ``undrain RAIL``: exit 0 when the daemon took the request."""
+    resp = _ask(args, args.command, rail=args.rail)
+    if isinstance(resp, int):
+        return resp
+    if "error" in resp:
+        return _die(f"the daemon refused: {resp['error']}", 1)
+    print(f"rail {args.rail}: {args.command} requested (see `linkpass status`)")
+    return 0
+
+
+def _ask(args, cmd: str, **fields) -> dict | int:
+    """The daemon's reply to ``cmd``, or the exit code after saying why there is none."""
     from linkpass.config import ConfigError
     from linkpass.daemon import query
 
@@ -88,7 +111,7 @@ def cmd_status(args) -> int:
     except OSError as e:
         return _die(f"cannot use {path}: {e.strerror}", 3)
     try:
-        st = asyncio.run(query(path, "history" if args.history else "status"))
+        return asyncio.run(query(path, cmd, **fields))
     except asyncio.TimeoutError:
         return _die(f"the daemon on {path} did not answer within 5 s (is it stuck?)", 3)
     except PermissionError:
@@ -97,11 +120,6 @@ def cmd_status(args) -> int:
         return _die(f"no daemon answers on {path}: {e.strerror or e}", 3)
     except ValueError as e:
         return _die(f"the daemon on {path} sent a reply that is not JSON: {e}", 1)
-    if args.json or args.history:
-        print(json.dumps(st, indent=2))
-        return 0
-    _print_status(st)
-    return 0
 
 
 def _status_lines(st: dict, max_clients: int = 8) -> list[str]:
@@ -204,6 +222,15 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true", help="print JSON")
     s.add_argument("--history", action="store_true", help="print the daemon's recent history as JSON")
     s.set_defaults(func=cmd_status)
+
+    for name, what in (("drain", "take a rail out of use (DRAINED: routes and peer notices leave it) until undrained"),
+                       ("undrain", "give a drained rail back (it returns through hold-down)")):
+        dr = sub.add_parser(name, help=what)
+        dr.add_argument("rail", type=int, help="rail id (as in `linkpass status`)")
+        g = dr.add_mutually_exclusive_group()
+        g.add_argument("--config", help="config file of the daemon (to find its control socket)")
+        g.add_argument("--socket", help="control socket path (default /run/linkpass/linkpass.sock)")
+        dr.set_defaults(func=cmd_drain)
 
     from linkpass.fabric.cli import register as register_fabric
 

@@ -3,14 +3,26 @@
 ``linkpass run --config FILE`` ends up in :func:`run`.  Flow (DESIGN.md rule 1)::
 
     NetlinkMonitor ─┐
-    NoticeService  ─┼─> asyncio.Queue ─> Engine.handle(event, now) ─> actions
-    RouteActuator  ─┤                                             ├─> RouteActuator.submit
-    timer (Tick)   ─┤                                             ├─> NoticeService.submit
-    KmsgFollower,  ─┘  (DeviceIncident)                           ├─> HookServer (device_fault)
-    NVML, RDMA events                                             └─> timer
+    NoticeService  ─┼─> asyncio.Queue ─> Engine.handle(event, now) ─> actions ─> dispatch table
+    RouteActuator  ─┤                                             ApplyRoutes      -> RouteActuator.submit
+    timer (Tick)   ─┤                                             SendNotice       -> NoticeService.submit
+    KmsgFollower,  ─┤  (DeviceIncident)                           NotifyDeviceFault-> HookServer (device_fault)
+    NVML, RDMA     ─┤                                             NotifyHooks      -> HookServer.publish
+    HookServer     ─┘  (HookPeersChanged, HookReport,             SetProbePriority -> Prober
+                        DeviceFaultDelivered)                     PublishHookReport-> MqttPublisher
+                                                                  WriteNcclEnv     -> NcclEnvFile.write
+                                                                  SetTimer, RefreshNeighbors
+
+Every action type has one handler (:meth:`Daemon._handlers`); a handler that raises is logged
+and counted (``dispatch_errors`` in ``linkpass status --json``) and the other actions still run.
+A handler may answer with events (the device-fault outcome): they go through
+``Engine.handle`` at once, in the same loop turn.  History leaves the engine through one
+documented read, :meth:`Engine.drain_events`, once per loop turn, to the event sinks.
 Signals: SIGTERM/SIGINT stop the daemon and leave routes as they are (traffic must not drop
 because the daemon stops); SIGHUP reloads the config (an invalid new config is logged and
-the old one kept).  The control socket answers ``{"cmd": "status"}`` with a JSON status.
+the old one kept).  The control socket answers ``{"cmd": "status"}`` with a JSON status, and
+``{"cmd": "drain", "rail": ID}`` / ``undrain`` (``linkpass drain`` / ``undrain``) with a
+:class:`Drain` event for the engine.
 """
 
 from __future__ import annotations
@@ -23,10 +35,11 @@ import os
 import signal
 import socket
 import time
+from collections import Counter
 from pathlib import Path
 
 from linkpass import __version__
-from linkpass.adapters.hook_server import HookServer, PlanState, default_socket_path
+from linkpass.adapters.hook_server import HookServer, default_socket_path
 from linkpass.adapters.kmsg import KmsgFollower
 from linkpass.adapters.metrics import DaemonMetrics, MetricsError
 from linkpass.adapters.nccl_file import NcclEnvFile
@@ -38,7 +51,25 @@ from linkpass.adapters.routes import RouteActuator
 from linkpass.adapters.sdnotify import SdNotifier, ServiceNotifier
 from linkpass.config import Config, ConfigError, load_config, notice_key
 from linkpass.core.engine import Engine
-from linkpass.core.model import ApplyRoutes, LinkChanged, NotifyDeviceFault, RefreshNeighbors, RoutesApplied, SendNotice, SetTimer, Tick
+from linkpass.core.model import (
+    ApplyRoutes,
+    ConfigReloaded,
+    DeviceFaultDelivered,
+    Drain,
+    HookPeersChanged,
+    HookReport,
+    LinkChanged,
+    NotifyDeviceFault,
+    NotifyHooks,
+    PublishHookReport,
+    RefreshNeighbors,
+    RoutesApplied,
+    SendNotice,
+    SetProbePriority,
+    SetTimer,
+    Tick,
+    WriteNcclEnv,
+)
 
 log = logging.getLogger("linkpass.daemon")
 
@@ -137,7 +168,7 @@ class Daemon:
         self.cfg = cfg
         self.nccl_file = NcclEnvFile(cfg, self.nccl_topology)
         self.queue: asyncio.Queue = asyncio.Queue()
-        self.engine = Engine(cfg)
+        self.engine = Engine(cfg, self.nccl_file.context)
         self.key = notice_key(cfg, config_path)  # the same check as `linkpass config check`
         if self.key is None:
             log.warning("no notice_key_file configured: peer notices are disabled")
@@ -150,8 +181,8 @@ class Daemon:
             log.warning("probing needs notice_key_file (probes are authenticated with it): probes are disabled")
         # torch hooks (torch_hooks.client): registrations in, a notice per plan generation out
         self.hooks = HookServer(cfg.hooks.socket or default_socket_path(cfg.daemon.control_socket), cfg.daemon.host,
-                                [p.name for p in cfg.peers], self.prober.set_priority_peers if self.prober else None,
-                                cfg.hooks.max_clients) if cfg.hooks.enabled else None
+                                [p.name for p in cfg.peers], self._hook_peers_changed,
+                                cfg.hooks.max_clients, on_report=self._hook_report) if cfg.hooks.enabled else None
         self.device_sources: dict = {}  # name -> running live device source (kmsg, nvml, rdma)
         # callables taking a list of new engine HistoryEntry items after each engine step (see _emit)
         self.event_sinks: list = []
@@ -176,6 +207,8 @@ class Daemon:
         self._tuned: set[str] = set()
         self.reload_error: str | None = None
         self.control_bad_requests = 0  # control requests answered with {"error": ...}
+        self.dispatch_errors: Counter[str] = Counter()  # action type name -> handler failures
+        self.handlers = self._handlers()
         self._bad_request_warn = _Throttle(BAD_REQUEST_WARN_INTERVAL_NS)
 
     def _resolve(self, cfg: Config) -> Config:
@@ -200,7 +233,7 @@ class Daemon:
     def _make_mqtt(self, cfg: Config):
         """The MQTT publisher (not connected yet; :meth:`run` starts it).  Problems with the
         broker or its files are the publisher's to log; they never stop the daemon."""
-        from linkpass.adapters.mqtt import MqttPublisher, ReportTap, compact_state, topology_of
+        from linkpass.adapters.mqtt import MqttPublisher, compact_state, topology_of
 
         try:
             pub = MqttPublisher(cfg.mqtt, cfg.daemon.host, {r.id: r.netdev for r in cfg.rails},
@@ -209,39 +242,78 @@ class Daemon:
         except Exception:  # a bug: the network job goes on without alerts
             log.exception("mqtt: cannot set up the publisher; running without MQTT alerts")
             return None
-        if self.hooks:  # rebuild / migration reports of the torch hooks become events too
-            self.hooks.reports = ReportTap(self.hooks.reports, pub.on_hook_report)
-        return pub
+        return pub  # rebuild / migration reports of the torch hooks reach it as PublishHookReport actions
 
     def _route_filter(self, dst: str, proto: int) -> bool:
         return proto == self.cfg.daemon.route_protocol or dst in self.engine.destinations
 
     # ------------------------------------------------------------------ actions
 
+    def _handlers(self) -> dict:
+        """The dispatch table: action type -> the handler of the adapter that owns it.  A handler
+        returns None or events to feed back to the engine at once (see :meth:`_dispatch`)."""
+        table = {
+            ApplyRoutes: self._apply_routes,
+            SendNotice: self.notices.submit if self.notices else None,
+            SetTimer: lambda a: self._set_timer(a.at_ns),
+            RefreshNeighbors: self._refresh_neighbors,
+            WriteNcclEnv: self.nccl_file.write,
+            NotifyHooks: self._notify_hooks if self.hooks else None,
+            SetProbePriority: (lambda a: self.prober.set_priority_peers(list(a.peers))) if self.prober else None,
+            NotifyDeviceFault: self._device_fault,
+            PublishHookReport: (lambda a: self.mqtt.on_hook_report(a.report)) if self.mqtt else None,
+        }
+        return {k: v for k, v in table.items() if v is not None}  # an adapter that is off takes nothing
+
     def _dispatch(self, actions) -> None:
+        """Hand each action to its handler (:attr:`handlers`).  A handler that raises is logged
+        and counted in ``dispatch_errors`` (per action type); the next action still runs.  The
+        events a handler answers with go through the engine now (same loop turn)."""
         for a in actions:
-            if isinstance(a, ApplyRoutes):
-                if self.cfg.daemon.reroute == "kernel":
-                    self.routes.submit(a)
-                else:  # notify-only: planned and recorded, never put in the kernel
-                    self.routes_skipped += 1
-                    log.debug("reroute = notify-only: routes of generation %d not applied (%s)", a.generation, a.reason)
-                    self.queue.put_nowait(RoutesApplied(a.generation, time.monotonic_ns()))
-                self.nccl_file.plan_changed(a.generation, lambda: self.engine.status(time.monotonic_ns()))
-                if self.hooks and a.generation > self.hooks.generation:
-                    e = self.engine
-                    self.hooks.publish(PlanState(a.generation, frozenset(r.id for r in self.cfg.rails), e.local_usable(),
-                                                 {p.name: e.peer_usable.get(p.name) for p in self.cfg.peers}, a.reason,
-                                                 time.monotonic_ns()))
-            elif isinstance(a, SendNotice):
-                if self.notices:
-                    self.notices.submit(a)
-            elif isinstance(a, SetTimer):
-                self._set_timer(a.at_ns)
-            elif isinstance(a, RefreshNeighbors):
-                asyncio.get_running_loop().create_task(self.routes.refresh_neighbors(a.netdev))
-            elif isinstance(a, NotifyDeviceFault):
-                self._device_fault(a)
+            h = self.handlers.get(type(a))
+            if h is None:
+                continue
+            try:
+                follow = h(a)
+            except Exception:
+                name = type(a).__name__
+                self.dispatch_errors[name] += 1
+                log.exception("handler for %s failed (%d so far); the daemon goes on", name, self.dispatch_errors[name])
+                continue
+            for ev in follow or ():
+                self._step(ev)
+
+    def _step(self, ev) -> None:
+        """One event through the engine, its actions dispatched (a failing engine drops the event)."""
+        try:
+            actions = self.engine.handle(ev, time.monotonic_ns())
+        except Exception:
+            log.exception("engine failed on %r; event dropped", type(ev).__name__)
+            return
+        self._dispatch(actions)
+
+    def _apply_routes(self, a: ApplyRoutes) -> None:
+        if self.cfg.daemon.reroute == "kernel":
+            self.routes.submit(a)
+        else:  # notify-only: planned and recorded, never put in the kernel
+            self.routes_skipped += 1
+            log.debug("reroute = notify-only: routes of generation %d not applied (%s)", a.generation, a.reason)
+            self.queue.put_nowait(RoutesApplied(a.generation, time.monotonic_ns()))
+
+    def _refresh_neighbors(self, a: RefreshNeighbors) -> None:
+        asyncio.get_running_loop().create_task(self.routes.refresh_neighbors(a.netdev))
+
+    def _notify_hooks(self, a: NotifyHooks) -> None:
+        if a.plan.generation > self.hooks.generation:
+            self.hooks.publish(a.plan)
+
+    def _hook_report(self, rec: dict) -> None:
+        """A torch hook's report (the hook server kept it): an event for the engine."""
+        self.queue.put_nowait(HookReport(rec, time.monotonic_ns()))
+
+    def _hook_peers_changed(self, names) -> None:
+        """The hook server's peers of registered jobs changed: an event for the engine."""
+        self.queue.put_nowait(HookPeersChanged(tuple(names), time.monotonic_ns()))
 
     def _emit(self, entries) -> None:
         """Pass new engine history entries (:class:`HistoryEntry`, oldest first) to every event
@@ -258,9 +330,10 @@ class Daemon:
         self.sd.ready()
         log.info("ready: first link dump and route reconciliation done (plan generation %d)", self.engine.applied_generation)
 
-    def _device_fault(self, a: NotifyDeviceFault) -> None:
+    def _device_fault(self, a: NotifyDeviceFault) -> list[DeviceFaultDelivered]:
         """A device fault that needs its rank moved: tell the hooks on its GPU, and the operators
-        (log); the outcome goes back to the engine (``notified`` in status).  A fault with no GPU
+        (log); the outcome is returned as a :class:`DeviceFaultDelivered` event for the engine
+        (``notified`` in status); a late delivery is posted on the event queue.  A fault with no GPU
         index (an NVSwitch, a bus id missing from the GPU map) is told to no hook client: every
         rank of the host would move.  Nobody on the GPU now: the hook server keeps it a while."""
         inc = a.incident
@@ -269,17 +342,17 @@ class Daemon:
                         "rank was moved; this is a node-level fault: drain the node (move its jobs off), then %s",
                         inc.device or "unknown device", inc.domain, inc.code, inc.source, inc.summary or "-",
                         inc.device or "the device", inc.remedy if inc.remedy not in ("none", "observe", "drain-node") else "investigate")
-            self.engine.device_fault_outcome(inc, 0, unattributed=True)
-            return
+            return [DeviceFaultDelivered(inc, 0, unattributed=True, t_ns=time.monotonic_ns())]
 
         def late(n: int) -> None:
-            self.engine.device_fault_outcome(inc, n, late=True)
+            self.queue.put_nowait(DeviceFaultDelivered(inc, n, late=True, t_ns=time.monotonic_ns()))
 
         sent = self.hooks.publish_device_fault(inc.to_json(), inc.gpu, inc.t_ns, on_delivered=late) if self.hooks else 0
-        self.engine.device_fault_outcome(inc, sent, kept=bool(self.hooks) and sent == 0)
+        outcome = DeviceFaultDelivered(inc, sent, kept=bool(self.hooks) and sent == 0, t_ns=time.monotonic_ns())
         log.warning("DEVICE FAULT on %s (GPU %d): %s %s (%s): %s; remedy: %s; told %d hook client(s) to move the rank%s",
                     inc.device or "unknown device", inc.gpu, inc.domain, inc.code, inc.source, inc.summary or "-", inc.remedy,
                     sent, "" if sent or not self.hooks else " (kept for a client that registers on that GPU)")
+        return [outcome]
 
     # ------------------------------------------------------------------ live device sources
 
@@ -393,7 +466,9 @@ class Daemon:
             "probe_results_forwarded": self.probe_filter.forwarded,
             "probe_results_absorbed": self.probe_filter.absorbed,
             "control_bad_requests": self.control_bad_requests,
+            "dispatch_errors": sum(self.dispatch_errors.values()),
         }
+        st["dispatch_errors"] = dict(sorted(self.dispatch_errors.items()))  # action type -> handler failures
         st["device_sources"] = {name: src.status() for name, src in self.device_sources.items()}
         return st
 
@@ -423,11 +498,15 @@ class Daemon:
                 resp = self.status()
             elif cmd == "history":
                 resp = {"schema": "linkpass.history/v1", "history": [h.to_json() for h in self.engine.history]}
+            elif cmd in ("drain", "undrain"):
+                resp = self._drain_request(req, cmd == "drain")
+                why = resp.get("error")
             elif cmd == "debug-block-loop" and os.environ.get("LINKPASS_DEBUG") == "1":
                 resp = _debug_block_request(req)
             else:
                 why = "unknown request"
-                resp = {"error": "unknown request; send {\"cmd\": \"status\"} or {\"cmd\": \"history\"}"}
+                resp = {"error": "unknown request; send {\"cmd\": \"status\"}, {\"cmd\": \"history\"} or "
+                                 "{\"cmd\": \"drain\" (or \"undrain\"), \"rail\": ID}"}
             if why is not None:
                 self._bad_request(why)
             writer.write(json.dumps(resp).encode() + b"\n")
@@ -447,6 +526,22 @@ class Daemon:
                 pass
         finally:
             writer.close()
+
+    def _drain_request(self, req: dict, drain: bool) -> dict:
+        """``{"cmd": "drain" | "undrain", "rail": ID}``: an operator takes a configured rail out of
+        use (DRAINED: routes and notices leave it) or gives it back (through hold-down).  Posted
+        as a :class:`Drain` event; the reply says it was accepted, ``linkpass status`` shows the
+        result."""
+        cmd = "drain" if drain else "undrain"
+        rail = req.get("rail")
+        ids = sorted(r.id for r in self.cfg.rails)
+        if isinstance(rail, bool) or not isinstance(rail, int):
+            return {"error": f"{cmd}: \"rail\" must be a rail id (one of {ids}), got {type(rail).__name__}"}
+        if rail not in ids:
+            return {"error": f"{cmd}: no rail {rail} in this daemon's config (rails: {ids})"}
+        self.queue.put_nowait(Drain(rail, drain, time.monotonic_ns()))
+        log.warning("control socket: operator %s rail %d", "drains" if drain else "undrains", rail)
+        return {"ok": True, "cmd": cmd, "rail": rail}
 
     def _bad_request(self, why: str) -> None:
         """Count a bad control request; one warning line, rate limited (see :class:`_Throttle`)."""
@@ -568,7 +663,8 @@ class Daemon:
         self._tune_rails()
         log.info("config reloaded from %s", self.config_path)
         self.nccl_file.reconfigure(cfg, self.nccl_topology if self.source_cfg.auto else None)
-        self._dispatch(self.engine.reconfigure(cfg, time.monotonic_ns()))
+        now = time.monotonic_ns()
+        self._step(ConfigReloaded(cfg, self.nccl_file.context, now))
 
     # ------------------------------------------------------------------ run
 
@@ -685,8 +781,9 @@ def run(config_path: str, log_level: str | None = None) -> int:
     return asyncio.run(daemon.run())
 
 
-async def query(socket_path: str, cmd: str = "status", timeout: float = 5.0) -> dict:
-    """Ask a running daemon over its control socket.
+async def query(socket_path: str, cmd: str = "status", timeout: float = 5.0, **fields) -> dict:
+    """Ask a running daemon over its control socket (``fields``: more request members, such as
+    ``rail`` for ``drain``).
 
     Raises:
         OSError: no daemon listens there.
@@ -694,7 +791,7 @@ async def query(socket_path: str, cmd: str = "status", timeout: float = 5.0) -> 
     """
     reader, writer = await asyncio.wait_for(asyncio.open_unix_connection(socket_path, limit=QUERY_LIMIT), timeout)
     try:
-        writer.write(json.dumps({"cmd": cmd}).encode() + b"\n")
+        writer.write(json.dumps({"cmd": cmd, **fields}).encode() + b"\n")
         await writer.drain()
         line = await asyncio.wait_for(reader.readline(), timeout)
         return json.loads(line)

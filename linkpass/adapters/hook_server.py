@@ -12,8 +12,10 @@ Protocol: :mod:`torch_hooks.protocol` (one JSON object per line, at most
 ``MAX_MESSAGE_BYTES``).  A client registers (job, rank, world size, local rank, GPU, the peer
 hosts its process group talks to, its rail); from then on it gets a ``notice`` at every plan
 change (plan generation bump) with the rails usable/unusable here and at its peers and which
-of its rails/peers are affected.  The union of all registered peers is handed to the prober
-(``Prober.set_priority_peers``), so the job's own paths are probed at the fast interval.
+of its rails/peers are affected.  The union of all registered peers is handed to the
+``set_priority_peers`` callback: the daemon posts it as a ``HookPeersChanged`` event, and the
+engine's ``SetProbePriority`` action makes the prober probe the job's own paths at the fast
+interval.
 
 Robustness (DESIGN.md rule 8): a malformed, oversized or unexpected message is dropped,
 counted (``counters``) and logged (the first few per client at WARNING, then DEBUG); a client
@@ -37,6 +39,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from linkpass.core.model import HookPlan
 from torch_hooks import protocol as proto
 
 log = logging.getLogger("linkpass.hooks")
@@ -73,25 +76,8 @@ def default_socket_path(control_socket: str) -> str:
     return str(p.with_name(f"{stem}.hooks.sock"))
 
 
-@dataclass(frozen=True)
-class PlanState:
-    """What a notice is built from: the daemon's plan at one generation.
-
-    Attributes:
-        generation: plan generation.
-        rails: every rail id of this host.
-        usable: rails usable here.
-        peer_usable: per configured peer, the rails it announced usable (None: not heard yet).
-        reason: why the plan changed.
-        t_ns: monotonic ns of the change.
-    """
-
-    generation: int
-    rails: frozenset[int]
-    usable: frozenset[int]
-    peer_usable: Mapping[str, frozenset[int] | None]
-    reason: str = ""
-    t_ns: int = 0
+#: What a notice is built from (the engine's :class:`~linkpass.core.model.NotifyHooks` carries one).
+PlanState = HookPlan
 
 
 @dataclass
@@ -127,7 +113,8 @@ class HookServer:
         peer_names: configured peer host names (registrations naming others get them listed as
             ``unknown_peers``; only configured ones go to the prober).
         set_priority_peers: called with the sorted union of registered, configured peers
-            whenever it changes (``Prober.set_priority_peers``), or None.
+            whenever it changes (the daemon posts a ``HookPeersChanged`` event), or None.
+        on_report: called with every kept report (the daemon posts a ``HookReport`` event), or None.
         max_clients: connections beyond this are refused (closed at once, counted).
 
     Attributes:
@@ -147,11 +134,13 @@ class HookServer:
     """
 
     def __init__(self, path: str, host: str, peer_names: Sequence[str] = (),
-                 set_priority_peers: Callable[[Sequence[str]], None] | None = None, max_clients: int = 1024):
+                 set_priority_peers: Callable[[Sequence[str]], None] | None = None, max_clients: int = 1024,
+                 on_report: Callable[[dict], None] | None = None):
         self.path = path
         self.host = host
         self.peer_names = frozenset(peer_names)
         self.set_priority_peers = set_priority_peers
+        self.on_report = on_report
         self.max_clients = max_clients
         self.counters: Counter[str] = Counter()
         self.reports: deque[dict] = deque(maxlen=100)
@@ -445,6 +434,11 @@ class HookServer:
                    "rank": c.reg.rank, "pid": c.pid}
             c.last_report = rec
             self.reports.append(rec)
+            if self.on_report is not None:
+                try:
+                    self.on_report(rec)
+                except Exception:
+                    log.exception("hook report not passed on")
             log.log(logging.WARNING if ev in ("unmovable", "rebuild_failed") else logging.INFO,
                     "hook job %s rank %d: %s %s", c.reg.job, c.reg.rank, ev, detail)
 

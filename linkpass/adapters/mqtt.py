@@ -97,7 +97,6 @@ import ssl
 import stat
 import time
 import uuid
-from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
@@ -415,23 +414,6 @@ def topology_of(cfg) -> dict:
         "peers": [{"name": p.name, "host_ip": None if p.host_ip is None else str(p.host_ip),
                    "rail_ips": {str(k): str(v) for k, v in sorted(p.rail_ips.items())}} for p in cfg.peers],
     }
-
-
-class ReportTap(deque):
-    """A drop-in for :attr:`HookServer.reports` (a bounded deque) that also hands every appended
-    report to ``sink`` (:meth:`MqttPublisher.on_hook_report`).  A failing sink is logged; the
-    hook server never notices."""
-
-    def __init__(self, reports: deque, sink: Callable[[Mapping], None]):
-        super().__init__(reports, reports.maxlen)
-        self.sink = sink
-
-    def append(self, rec) -> None:
-        super().append(rec)
-        try:
-            self.sink(rec)
-        except Exception:
-            log.exception("hook report not passed to MQTT")
 
 
 # ---------------------------------------------------------------------------- publisher

@@ -1,8 +1,10 @@
 """The daemon's NCCL environment file (``[nccl] env_file``, default ``/run/linkpass/nccl.env``).
 
-On every plan change the daemon hands the new generation here; :class:`NcclEnvFile` computes the
-host-wide environment (:func:`linkpass.core.nccl_env.compute`, no GPU) from the topology it
-learnt at start and the engine's rail states, and replaces the file atomically: a temporary
+The engine computes the host-wide environment on every plan change
+(:func:`linkpass.core.nccl_env.plan_env_file`, no GPU) from the topology and options this module
+reads at the edge (:attr:`NcclEnvFile.context`, handed to the engine) and its own rail states,
+and returns a :class:`~linkpass.core.model.WriteNcclEnv` action with the file's text.
+:class:`NcclEnvFile` only writes that text: it replaces the file atomically: a temporary
 file in the same directory, written, fsynced, renamed over the old one with ``os.replace``
 (rename is atomic within one file system), then the directory is fsynced.  A reader therefore
 sees the old file or the new one, never a part.  Only a generation newer than the one written
@@ -27,16 +29,15 @@ import asyncio
 import logging
 import os
 import tempfile
-from collections.abc import Callable
 from pathlib import Path
 
 from linkpass.config import Config
+from linkpass.core.model import WriteNcclEnv
 from linkpass.core.nccl_env import (
+    NcclContext,
     NcclEnv,
     NcclEnvError,
     NcclOptions,
-    compute,
-    health_from_status,
     parse_nccl_version,
 )
 from topology.model import Topology
@@ -134,7 +135,7 @@ class NcclEnvFile:
         self.written_generation = 0
         self.errors = 0
         self._failing = False
-        self._pending: tuple[int, Callable[[], dict]] | None = None
+        self._pending: WriteNcclEnv | None = None
         self._scheduled = False
         self.last: NcclEnv | None = None
         self.reconfigure(cfg, topo)
@@ -151,23 +152,25 @@ class NcclEnvFile:
             self.options, why = NcclOptions(cfg.nccl.rails_joined_by_spine, cfg.nccl.ib_resiliency, None), str(e)
         if not self.enabled:
             self.topology = Topology()
+            self.context: NcclContext | None = None
             return
         self.topology = topo if topo is not None else load_topology(cfg.topology.sysfs_root, cfg.topology.compute_nics,
                                                                      cfg.topology.exclude_nics)
+        self.context = NcclContext(self.topology, self.options, self.host)
         hcas = {p.netdev: f"{n.name}:{p.port}" for n in self.topology.nics if n.role == "compute" for p in n.ports if p.netdev}
         matched = [f"{r.netdev}={hcas[r.netdev]}" for r in cfg.rails if r.netdev in hcas]
         log.info("nccl env file %s: rails on HCAs: %s; NCCL version: %s", self.path,
                  ", ".join(matched) or "none known (NCCL_IB_HCA will be left out)",
                  why if self.options.nccl_version else f"{why}; assuming the newest this code knows")
 
-    def plan_changed(self, generation: int, status: Callable[[], dict]) -> None:
-        """A plan of ``generation`` was made; ``status`` gives the engine's status document when
-        called.  The file is written from the event loop right after the current callbacks (the
-        route actuator starts first); several plans in a row give one write, of the newest."""
-        if not self.enabled or generation <= self.written_generation:
+    def write(self, a: WriteNcclEnv) -> None:
+        """The engine's environment for plan ``a.generation``: written from the event loop
+        right after the current callbacks (the route actuator starts first); several in a row
+        give one write, of the newest.  An older or equal generation than the file's is ignored."""
+        if not self.enabled or a.generation <= self.written_generation:
             return
-        if self._pending is None or generation > self._pending[0]:
-            self._pending = (generation, status)
+        if self._pending is None or a.generation > self._pending.generation:
+            self._pending = a
         if not self._scheduled:
             self._scheduled = True
             try:
@@ -178,24 +181,16 @@ class NcclEnvFile:
     def flush(self) -> bool:
         """Write the pending generation now.  Returns True when the file was written."""
         self._scheduled = False
-        pending, self._pending = self._pending, None
-        if pending is None or pending[0] <= self.written_generation:
+        a, self._pending = self._pending, None
+        if a is None or a.generation <= self.written_generation:
             return False
-        generation, status = pending
-        try:
-            st = status()
-            now_gen = st.get("generation") if isinstance(st, dict) else None
-            if isinstance(now_gen, int) and not isinstance(now_gen, bool) and now_gen > generation:
-                generation = now_gen  # the rail states read now belong to the engine's newest plan
-            health = health_from_status({**st, "generation": generation})
-            env = compute(self.topology, health, None, self.options, self.host)
-            text = env.render("env-file")
-        except (NcclEnvError, ValueError) as e:
-            self._fail(f"cannot compute the NCCL environment for generation {generation}: {e}")
+        generation = a.generation
+        if a.text is None:
+            self._fail(a.error or f"no NCCL environment for generation {generation}")
             return False
         try:
             self._ensure_dir()
-            write_atomic(self.path, text)
+            write_atomic(self.path, a.text)
         except OSError as e:
             self._fail(f"cannot write {self.path}: {e.strerror or e}")
             return False
@@ -203,8 +198,8 @@ class NcclEnvFile:
             log.warning("nccl env file %s written again (generation %d)", self.path, generation)
         self._failing = False
         self.written_generation = generation
-        self.last = env
-        for e in env.errors:
+        self.last = a.env
+        for e in a.errors:
             log.error("nccl env (generation %d): %s", generation, e)
         return True
 

@@ -21,25 +21,36 @@ from linkpass.core.model import (
     Action,
     AddrChanged,
     ApplyRoutes,
+    ConfigReloaded,
+    DeviceFaultDelivered,
     DeviceIncident,
     Drain,
     Event,
     HistoryEntry,
+    HookPeersChanged,
+    HookPlan,
+    HookReport,
     LinkChanged,
     LinkFacts,
     LinkSnapshot,
     NotifyDeviceFault,
+    NotifyHooks,
     PeerRails,
     ProbeLoss,
     ProbeResult,
+    PublishHookReport,
     RefreshNeighbors,
     RouteChanged,
     RoutesApplied,
     SendNotice,
+    SetProbePriority,
     SetTimer,
     Tick,
+    WriteNcclEnv,
 )
 from linkpass.core.damping import FlapDamper
+from linkpass.core.nccl_env import NcclContext
+from linkpass.core.nccl_env import RailHealth as NcclRail
 from linkpass.core.paths import PathHealth, PathState
 from linkpass.core.planner import Plan, all_destinations, plan_routes
 
@@ -60,6 +71,9 @@ class Engine:
 
     Args:
         cfg: validated configuration.
+        nccl: what the NCCL environment file is computed from (see
+            :class:`~linkpass.core.nccl_env.NcclContext`); None: no file is written, and no
+            :class:`WriteNcclEnv` is returned.
 
     Attributes:
         generation: current plan generation (starts at 0; the first plan is 1).
@@ -72,8 +86,10 @@ class Engine:
             routes), and one per other history kind (``plan``, ``degraded``, ``recovered``, ...).
     """
 
-    def __init__(self, cfg: Config):
+    def __init__(self, cfg: Config, nccl: NcclContext | None = None):
         self.cfg = cfg
+        self.nccl = nccl
+        self.hook_peers: tuple[str, ...] = ()  # peers of the registered torch-hook jobs (probed first)
         self.generation = 0
         self.rails: dict[int, RailHealth] = {}
         self.links: dict[str, LinkFacts] = {}
@@ -98,7 +114,6 @@ class Engine:
         self._raw_ok: dict[int, bool] = {}       # rail -> last link+probe verdict (flaps while suppressed)
         self._link_healthy: dict[int, bool] = {}  # rail -> last link verdict alone
         self._link_up_ns: dict[int, int] = {}     # rail -> when its link last came back
-        self._pending: list[Action] = []          # actions produced outside _replan (neighbour refresh)
         self.paths: dict[tuple[int, str], PathHealth] = {}
         self.probe_failed: dict[int, str] = {}   # rail -> why its probes say it is failed
         self.loss: dict[int, tuple[float, int]] = {}  # rail -> (loss ratio, samples) from the edge
@@ -138,12 +153,13 @@ class Engine:
         self._rail_peers = {r.id: sum(1 for p in cfg.peers if r.id in p.rail_ips) for r in cfg.rails}
         self._dsts = all_destinations(cfg)
 
-    def reconfigure(self, cfg: Config, now_ns: int) -> list[Action]:
-        """Adopt a reloaded config (SIGHUP): rails, peers, hold-down, route settings.
-
-        Rails whose netdev changed are re-evaluated from the last link facts seen.
+    def _on_config(self, ev: ConfigReloaded, now_ns: int) -> list[Action]:
+        """Adopt a reloaded config (SIGHUP): rails, peers, hold-down, route settings, and the
+        NCCL context.  Rails whose netdev changed are re-evaluated from the last link facts seen.
         """
+        cfg = ev.cfg
         old_dev = {r.id: r.netdev for r in self.cfg.rails}
+        self.nccl = ev.nccl
         self._configure(cfg)
         self._record("config_reloaded", now_ns, {})
         for r in cfg.rails:
@@ -159,11 +175,13 @@ class Engine:
         Never raises on event content; an :class:`~linkpass.core.health.IllegalTransition`
         would be a bug in this module.
         """
+        link_was = dict(self._link_healthy)
         actions = self._handle(event, now_ns)
-        if self._pending:
-            actions = self._pending + actions
-            self._pending = []
-        return actions
+        # a rail whose link came back needs its unresolved neighbours dropped, before the routes
+        netdevs = {r.id: r.netdev for r in self.cfg.rails}
+        refresh = [RefreshNeighbors(netdevs[rid]) for rid, ok in sorted(self._link_healthy.items())
+                   if ok and not link_was.get(rid, True) and rid in netdevs]
+        return refresh + actions if refresh else actions
 
     def _handle(self, event: Event, now_ns: int) -> list[Action]:
         if isinstance(event, LinkSnapshot):
@@ -190,6 +208,17 @@ class Engine:
             return self._on_drain(event, now_ns)
         if isinstance(event, DeviceIncident):
             return self._on_incident(event, now_ns)
+        if isinstance(event, DeviceFaultDelivered):
+            self._on_fault_delivered(event)
+            return []
+        if isinstance(event, HookPeersChanged):
+            return self._on_hook_peers(event)
+        if isinstance(event, ConfigReloaded):
+            return self._on_config(event, now_ns)
+        if isinstance(event, HookReport):
+            # not engine state (the hook server keeps the recent ones): passed on, so that the
+            # one dispatch table routes it to the operators' adapter
+            return [PublishHookReport(event.report)]
         log.warning("engine: ignoring unknown event %r", type(event).__name__)
         return []
 
@@ -296,8 +325,8 @@ class Engine:
         backlog incident (read at start, never acted on) does not start a window.
 
         ``notified`` in the recorded entry is the engine's intent (a :class:`NotifyDeviceFault`
-        follows); the daemon replaces it with what happened, in the same loop turn, through
-        :meth:`device_fault_outcome` (true only when at least one hook client got it).
+        follows); the daemon replaces it with what happened, in the same loop turn, with a
+        :class:`DeviceFaultDelivered` event (true only when at least one hook client got it).
         """
         key = (ev.code, ev.device)
         last = self._incident_seen.get(key)
@@ -339,15 +368,15 @@ class Engine:
                  " (backlog: recorded only)" if ev.backlog else "")
         return [NotifyDeviceFault(ev)] if act else []
 
-    def device_fault_outcome(self, ev: DeviceIncident, clients: int, *, kept: bool = False, unattributed: bool = False,
-                             late: bool = False) -> None:
-        """What became of a :class:`NotifyDeviceFault` (called by the daemon): ``clients`` hook
-        clients got it (``notified`` = at least one did); ``kept``: nobody got it and it waits
-        for a client that registers on its GPU; ``unattributed``: no GPU index for its device,
-        so no client was told (a node-level fault); ``late``: a kept fault was delivered to a
-        client that registered later.  Updates the status entry and, when it has not been
-        passed to the event sinks yet (same loop turn), the history entry.  Unknown ``ev``
-        (forgotten): nothing happens."""
+    def _on_fault_delivered(self, d: DeviceFaultDelivered) -> None:
+        """What became of a :class:`NotifyDeviceFault` (the daemon's hook adapter says):
+        ``clients`` hook clients got it (``notified`` = at least one did); ``kept``: nobody got it
+        and it waits for a client that registers on its GPU; ``unattributed``: no GPU index for
+        its device, so no client was told (a node-level fault); ``late``: a kept fault was
+        delivered to a client that registered later.  Updates the status entry and, when not
+        ``late`` (the daemon feeds the outcome back in the same loop turn, before the history is
+        passed to the event sinks), the history entry.  Unknown incident (forgotten): nothing."""
+        ev, clients, kept, unattributed, late = d.incident, d.clients, d.kept, d.unattributed, d.late
         ref = self._notify_entries.get((ev.source, ev.code, ev.device, ev.t_ns))
         if ref is None:
             return
@@ -365,6 +394,29 @@ class Engine:
         entry.update(upd)
         if not late:
             hist.update(upd)
+
+    def _on_hook_peers(self, ev: HookPeersChanged) -> list[Action]:
+        """The peers of the registered torch-hook jobs changed: probe those (configured) first."""
+        peers = tuple(sorted({p for p in ev.peers if p in self._peer_names}))
+        if peers == self.hook_peers:
+            return []
+        self.hook_peers = peers
+        return [SetProbePriority(peers)]
+
+    def _nccl_action(self, now_ns: int) -> WriteNcclEnv | None:
+        """The NCCL environment file of the current generation (None when none is written)."""
+        if self.nccl is None:
+            return None
+        return WriteNcclEnv(self.generation, self.nccl_rails, self.nccl)  # computed when the adapter writes it
+
+    def nccl_rails(self) -> tuple[NcclRail, ...]:
+        """Our rails as the NCCL environment sees them: usable or not, state, addresses."""
+        return tuple(NcclRail(r.id, r.netdev, self.rails[r.id].usable, self.rails[r.id].state.value,
+                              tuple(sorted(self.addrs.get(r.netdev, ())))) for r in self.cfg.rails)
+
+    def _hook_plan(self, reason: str, now_ns: int) -> HookPlan:
+        return HookPlan(self.generation, frozenset(r.id for r in self.cfg.rails), self.local_usable(),
+                        {p.name: self.peer_usable.get(p.name) for p in self.cfg.peers}, reason, now_ns)
 
     # ------------------------------------------------------------------ helpers
 
@@ -519,8 +571,7 @@ class Engine:
         netdev = next(r.netdev for r in self.cfg.rails if r.id == rid)
         facts = self.links.get(netdev) or LinkFacts(netdev, present=False, admin_up=False, carrier=False, operstate="NOTPRESENT")
         if facts.healthy and not self._link_healthy.get(rid, True):
-            self._link_up_ns[rid] = now_ns
-            self._pending.append(RefreshNeighbors(netdev))
+            self._link_up_ns[rid] = now_ns  # handle() returns a RefreshNeighbors for it
         self._link_healthy[rid] = facts.healthy
         ok = facts.healthy and rid not in self.probe_failed
         reason = facts.why_not() or self.probe_failed.get(rid) or f"{netdev} up"
@@ -542,7 +593,7 @@ class Engine:
             self._record_transition(t, now_ns, event_ns)
             # a flap is a withdrawal: traffic was on the rail and had to leave it (RFC 2439 counts
             # withdrawals); going back DOWN during hold-down moved no traffic and adds nothing
-            if damper is not None and t.new == RailState.DOWN and t.old in (RailState.UP, RailState.SUSPECT):
+            if damper is not None and t.new == RailState.DOWN and t.old == RailState.UP:
                 if damper.on_down(now_ns):
                     self._record("damping", now_ns, {"rail": rid, **damper.to_json(now_ns)})
         if not (facts.present and facts.admin_up):
@@ -562,7 +613,8 @@ class Engine:
 
     def drain_events(self) -> list[HistoryEntry]:
         """Every history entry recorded since the last call, oldest first (the same objects as in
-        ``history``, which is a ring and may have dropped them already).  The daemon passes them
+        ``history``, which is a ring and may have dropped them already).  The one way history
+        leaves the engine (state changes only through :meth:`handle`).  The daemon passes them
         to its event sinks (MQTT alerts, Prometheus metrics) after each ``handle()``.  At most
         ``4 * HISTORY_LEN`` are kept between drains; older ones are dropped."""
         out, self.new_events = self.new_events, []
@@ -642,6 +694,10 @@ class Engine:
             purge = tuple(netdevs[r] for r in lost if r in netdevs)
             actions.append(ApplyRoutes(self.generation, plan.routes, plan.keep_dsts, reason, resync=self._resync_routes, purge_neighbors=purge))
             self._resync_routes = False
+            nccl = self._nccl_action(now_ns)
+            if nccl is not None:
+                actions.append(nccl)
+            actions.append(NotifyHooks(self._hook_plan(reason, now_ns)))
             if prev_usable is None or usable != prev_usable or force:
                 actions.append(SendNotice(self.generation, usable, urgent=True))
         deadlines = [d for h in self.rails.values() if (d := h.next_deadline()) is not None]

@@ -1,7 +1,10 @@
 """Per-rail health state machine.
 
-States (DESIGN.md): ``UP``, ``SUSPECT``, ``DOWN``, ``HOLD_DOWN``, ``DRAINED``, plus
-``UNKNOWN`` before the first link dump.  A rail carries traffic in ``UP`` and ``SUSPECT``.
+States (DESIGN.md): ``UP``, ``DOWN``, ``HOLD_DOWN``, ``DRAINED`` (an operator's
+``linkpass drain``), plus ``UNKNOWN`` before the first link dump.  A rail carries traffic in
+``UP`` only.  There is no rail ``SUSPECT`` state (it was never entered): gray failures are the
+paths' ``SUSPECT`` (:mod:`linkpass.core.paths`), the probe verdict that fails a rail, and the
+``degraded`` flag of a lossy rail (traffic prefers clean rails), none of which is a rail state.
 A rail that comes back goes to ``HOLD_DOWN`` and is used again only after it stayed healthy
 for the hold-down time (default 2 s); losing the link during hold-down goes back to ``DOWN``.
 
@@ -22,7 +25,6 @@ log = logging.getLogger("linkpass.health")
 class RailState(str, enum.Enum):
     UNKNOWN = "UNKNOWN"
     UP = "UP"
-    SUSPECT = "SUSPECT"
     DOWN = "DOWN"
     HOLD_DOWN = "HOLD_DOWN"
     DRAINED = "DRAINED"
@@ -31,17 +33,16 @@ class RailState(str, enum.Enum):
 S = RailState
 
 #: Allowed transitions: from-state -> set of to-states.
-#: SUSPECT is entered by the active prober (gray failures, a later issue); DRAINED by an operator.
+#: DRAINED is entered by an operator (``linkpass drain``, a :class:`~linkpass.core.model.Drain` event).
 TRANSITIONS: dict[RailState, frozenset[RailState]] = {
     S.UNKNOWN: frozenset({S.UP, S.DOWN, S.DRAINED}),
-    S.UP: frozenset({S.SUSPECT, S.DOWN, S.DRAINED}),
-    S.SUSPECT: frozenset({S.UP, S.DOWN, S.DRAINED}),
+    S.UP: frozenset({S.DOWN, S.DRAINED}),
     S.DOWN: frozenset({S.HOLD_DOWN, S.DRAINED}),
     S.HOLD_DOWN: frozenset({S.UP, S.DOWN, S.DRAINED}),
     S.DRAINED: frozenset({S.DOWN, S.HOLD_DOWN}),
 }
 
-USABLE: frozenset[RailState] = frozenset({S.UP, S.SUSPECT})
+USABLE: frozenset[RailState] = frozenset({S.UP})
 
 
 class IllegalTransition(RuntimeError):
@@ -108,7 +109,7 @@ class RailHealth:
         if st == RailState.DRAINED:
             return None
         if not ok:
-            if st in (RailState.UNKNOWN, RailState.UP, RailState.SUSPECT, RailState.HOLD_DOWN):
+            if st in (RailState.UNKNOWN, RailState.UP, RailState.HOLD_DOWN):
                 return self.set_state(RailState.DOWN, now_ns, reason)
             self.reason = reason  # still DOWN, maybe for another reason now (e.g. flap damping)
             return None

@@ -7,7 +7,9 @@ edge that observed the thing); the core never reads a clock itself.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Union
+from functools import cached_property
+from collections.abc import Mapping
+from typing import Any, Union
 
 # --------------------------------------------------------------------------- link facts
 
@@ -230,8 +232,61 @@ class DeviceIncident:
                 "gpu": self.gpu, "seq": self.seq, "summary": self.summary[:300], "t_ns": self.t_ns}
 
 
+@dataclass(frozen=True)
+class ConfigReloaded:
+    """A reloaded config was accepted (SIGHUP): rails, peers, hold-down, route settings.
+
+    Attributes:
+        cfg: the validated (and, in auto mode, resolved) config.
+        nccl: what the NCCL environment is computed from now
+            (:class:`linkpass.core.nccl_env.NcclContext`), or None when no env file is written.
+        t_ns: monotonic ns of the reload.
+    """
+
+    cfg: Any
+    nccl: Any = None
+    t_ns: int = 0
+
+
+@dataclass(frozen=True)
+class DeviceFaultDelivered:
+    """What became of a :class:`NotifyDeviceFault` (the hook adapter's answer).
+
+    Attributes:
+        incident: the incident of the :class:`NotifyDeviceFault`.
+        clients: how many hook clients got it.
+        kept: nobody got it; it waits for a client that registers on its GPU.
+        unattributed: no GPU index for its device, so no client was told (a node-level fault).
+        late: a kept fault reached a client that registered later.
+        t_ns: monotonic ns of the delivery.
+    """
+
+    incident: DeviceIncident
+    clients: int
+    kept: bool = False
+    unattributed: bool = False
+    late: bool = False
+    t_ns: int = 0
+
+
+@dataclass(frozen=True)
+class HookPeersChanged:
+    """The union of the peers the registered torch-hook clients talk to changed."""
+
+    peers: tuple[str, ...]
+    t_ns: int = 0
+
+
+@dataclass(frozen=True)
+class HookReport:
+    """A torch hook's report (rebuild, migration, ...) as the hook server kept it."""
+
+    report: Mapping
+    t_ns: int = 0
+
+
 Event = Union[LinkChanged, LinkSnapshot, AddrChanged, RouteChanged, PeerRails, RoutesApplied, ProbeResult, ProbeLoss, Tick, Drain,
-              DeviceIncident]
+              DeviceIncident, ConfigReloaded, DeviceFaultDelivered, HookPeersChanged, HookReport]
 
 # --------------------------------------------------------------------------- routes
 
@@ -359,7 +414,99 @@ class NotifyDeviceFault:
     incident: DeviceIncident
 
 
-Action = Union[ApplyRoutes, SendNotice, SetTimer, RefreshNeighbors, NotifyDeviceFault]
+@dataclass(frozen=True)
+class HookPlan:
+    """What a torch-hook notice is built from: the plan at one generation.
+
+    Attributes:
+        generation: plan generation.
+        rails: every rail id of this host.
+        usable: rails usable here.
+        peer_usable: per configured peer, the rails it announced usable (None: not heard yet).
+        reason: why the plan changed.
+        t_ns: monotonic ns of the change.
+    """
+
+    generation: int
+    rails: frozenset[int]
+    usable: frozenset[int]
+    peer_usable: Mapping[str, frozenset[int] | None]
+    reason: str = ""
+    t_ns: int = 0
+
+
+@dataclass(frozen=True)
+class NotifyHooks:
+    """A new plan generation for the torch hooks (the hook adapter sends a notice to each client)."""
+
+    plan: HookPlan
+
+
+@dataclass(frozen=True)
+class WriteNcclEnv:
+    """Write the NCCL environment file for plan ``generation``; the adapter writes :attr:`text`.
+
+    The environment is computed by pure core code (:func:`linkpass.core.nccl_env.plan_env_file`)
+    from the rails' health and the NCCL context, on first use of :attr:`text` (about 0.2 ms
+    for an 8-NIC host): the adapter asks once the events queued with this plan are handled
+    (the route actuator has started; the addresses the netlink dump brings right after the
+    first plan are known), and of several plans in a row only the newest is computed.
+
+    Attributes:
+        generation: plan generation; only a newer one than the file's is written.
+        rails: the rails' health (:class:`linkpass.core.nccl_env.RailHealth` items), or a
+            callable giving them as of the call (the engine's :meth:`nccl_rails`).
+        context: :class:`linkpass.core.nccl_env.NcclContext` (topology, options, host).
+    """
+
+    generation: int
+    rails: Any = ()
+    context: Any = None
+
+    @cached_property
+    def _result(self) -> tuple:
+        from linkpass.core.nccl_env import plan_env_file
+
+        rails = self.rails() if callable(self.rails) else self.rails
+        return plan_env_file(self.context, tuple(rails), self.generation)
+
+    @property
+    def env(self):
+        """The :class:`~linkpass.core.nccl_env.NcclEnv`, or None when it could not be computed."""
+        return self._result[0]
+
+    @property
+    def text(self) -> str | None:
+        """The file's contents (``env.render("env-file")``), or None (see :attr:`error`)."""
+        return self._result[1]
+
+    @property
+    def error(self) -> str | None:
+        """Why no environment could be computed, or None."""
+        return self._result[2]
+
+    @property
+    def errors(self) -> tuple[str, ...]:
+        """Problems the computation reported (no healthy compute port, ...)."""
+        return tuple(self.env.errors) if self.env is not None else ()
+
+
+@dataclass(frozen=True)
+class SetProbePriority:
+    """Probe these peers first (the peers of registered torch-hook jobs)."""
+
+    peers: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class PublishHookReport:
+    """Pass a torch hook's report on to the operators (the MQTT adapter makes it an alert)."""
+
+    report: Mapping
+
+
+Action = Union[ApplyRoutes, SendNotice, SetTimer, RefreshNeighbors, NotifyDeviceFault, NotifyHooks, WriteNcclEnv, SetProbePriority,
+               PublishHookReport]
 
 
 @dataclass

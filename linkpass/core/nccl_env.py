@@ -117,8 +117,9 @@ class RailHealth:
     Attributes:
         id: the daemon's rail id (in config mode not necessarily the topology's rail number).
         netdev: the netdev serving the rail.
-        usable: True when the daemon may send traffic over it (UP or SUSPECT).
-        state: the rail state (UP, SUSPECT, DOWN, HOLD_DOWN, DRAINED, UNKNOWN).
+        usable: True when the daemon may send traffic over it (UP).
+        state: the rail state (UP, DOWN, HOLD_DOWN, DRAINED, UNKNOWN; an older daemon's
+            SUSPECT still reads as usable).
         addresses: the netdev's addresses, ``"a.b.c.d/len"``.
     """
 
@@ -625,3 +626,30 @@ def _fused_groups(views: list[_PortView]) -> dict[str, list[str]]:
     for v in views:
         out.setdefault(_physical(v.nic), []).append(v.entry)
     return out
+
+
+@dataclass(frozen=True)
+class NcclContext:
+    """What the daemon's NCCL environment file is computed from, besides the rails' health:
+    built at the edge (``linkpass.adapters.nccl_file.context_for``: sysfs, the installed NCCL
+    version) and handed to the engine, which computes the file per plan generation.
+
+    Attributes:
+        topology: this host's analysed topology (empty: no HCA known).
+        options: see :class:`NcclOptions`.
+        host: the host name written in the file's header.
+    """
+
+    topology: Topology
+    options: NcclOptions
+    host: str
+
+
+def plan_env_file(ctx: NcclContext, rails: tuple[RailHealth, ...], generation: int) -> tuple[NcclEnv | None, str | None, str | None]:
+    """The env file for plan ``generation``: ``(env, text, None)``, or ``(None, None, why)``
+    when it cannot be computed or rendered.  Pure; never raises on content."""
+    try:
+        env = compute(ctx.topology, Health(rails, generation), None, ctx.options, ctx.host)
+        return env, env.render("env-file"), None
+    except (NcclEnvError, ValueError) as e:
+        return None, None, f"cannot compute the NCCL environment for generation {generation}: {e}"

@@ -210,6 +210,20 @@ def test_status_cli(cluster):
     assert {r["state"] for r in st["rails"]} == {"UP"}
 
 
+def test_drain_cli_moves_traffic_off_the_rail_and_undrain_brings_it_back(cluster):
+    c = cluster
+    cfg = c.host(0)["config"]
+    p = sh(sys.executable, "-m", "linkpass.cli", "drain", "0", "--config", cfg)
+    assert "rail 0: drain requested" in p.stdout
+    wait_for(lambda: _rail_state(c, 0, 0) == "DRAINED" and c.route_rails(0, 1) == [1], what="rail 0 drained on h0")
+    wait_for(lambda: c.route_rails(1, 0) == [1], what="h1 follows h0's notice")
+    assert c.status(0)["dispatch_errors"] == {}
+    bad = sh(sys.executable, "-m", "linkpass.cli", "drain", "7", "--config", cfg, check=False)
+    assert bad.returncode == 1 and "no rail 7" in bad.stderr and "Traceback" not in bad.stderr
+    sh(sys.executable, "-m", "linkpass.cli", "undrain", "0", "--config", cfg)
+    wait_for(lambda: _rail_state(c, 0, 0) == "UP" and c.route_rails(0, 1) == [0, 1], what="rail 0 back after hold-down")
+
+
 def test_unknown_interface_is_reported_not_fatal(tmp_path):
     c = Cluster(hosts=2, rails=2, hold_down_ms=300, tmp=tmp_path)
     try:

@@ -241,3 +241,40 @@ def test_unexpected_error_while_reloading_is_a_refused_reload_not_a_traceback(sh
 def test_an_integer_past_pythons_digit_limit_is_an_error_line_not_a_traceback():
     req, why = parse_request(b'{"cmd": "status", "x": ' + b"9" * 5000 + b"}\n")
     assert req is None and "cannot read" in why
+
+
+def test_drain_and_undrain_requests_become_drain_events_and_bad_ones_errors(short_dir):
+    from linkpass.core.model import Drain
+
+    d = make_daemon(short_dir)
+    path = str(short_dir / "c.sock")
+
+    async def main():
+        await d._start_control(Path(path))
+        try:
+            out = [json.loads(await _ask(path, json.dumps(req).encode() + b"\n")) for req in (
+                {"cmd": "drain", "rail": 0}, {"cmd": "undrain", "rail": 0},
+                {"cmd": "drain", "rail": 7}, {"cmd": "drain", "rail": "0"}, {"cmd": "drain"}, {"cmd": "undrain", "rail": True})]
+            posted = []
+            while not d.queue.empty():
+                posted.append(d.queue.get_nowait())
+            via_cli = await daemon_mod.query(path, "drain", rail=0)
+            return out, posted, via_cli
+        finally:
+            d._server.close()
+            await d._server.wait_closed()
+
+    out, posted, via_cli = asyncio.run(main())
+    assert out[:2] == [{"ok": True, "cmd": "drain", "rail": 0}, {"ok": True, "cmd": "undrain", "rail": 0}]
+    assert [(e.rail, e.drain) for e in posted] == [(0, True), (0, False)] and all(isinstance(e, Drain) for e in posted)
+    assert "no rail 7 in this daemon's config (rails: [0])" in out[2]["error"]
+    assert all('"rail" must be a rail id' in o["error"] for o in out[3:])
+    assert d.control_bad_requests == 4
+    assert via_cli == {"ok": True, "cmd": "drain", "rail": 0}
+
+
+def test_cli_drain_without_a_daemon_says_so(short_dir, capsys):
+    from linkpass.cli import main
+
+    assert main(["drain", "1", "--socket", str(short_dir / "none.sock")]) == 3
+    assert "no daemon answers on" in capsys.readouterr().err

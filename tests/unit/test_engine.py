@@ -22,6 +22,8 @@ from linkpass.core.model import (
     RouteChanged,
     RoutesApplied,
     RouteSpec,
+    HookPlan,
+    NotifyHooks,
     SendNotice,
     SetTimer,
     Tick,
@@ -70,10 +72,12 @@ def test_start_all_up_host_ip(n_rails, n_peers):
     rails = tuple(range(n_rails))
     eng, acts = started(rails=rails, n_peers=n_peers)
     expected_routes = tuple(sorted((host_route(p, rails) for p in range(1, n_peers + 1)), key=lambda r: r.dst))
-    assert len(acts) == 2
-    ap, sn = acts
-    assert isinstance(ap, ApplyRoutes) and isinstance(sn, SendNotice)
-    assert ap.generation == 1 and sn.generation == 1
+    assert len(acts) == 3
+    ap, nh, sn = acts
+    assert isinstance(ap, ApplyRoutes) and isinstance(nh, NotifyHooks) and isinstance(sn, SendNotice)
+    assert ap.generation == 1 and sn.generation == 1 and nh.plan.generation == 1
+    assert nh.plan.rails == nh.plan.usable == frozenset(rails)
+    assert nh.plan.peer_usable == {f"h{p}": None for p in range(1, n_peers + 1)}
     assert ap.routes == expected_routes
     assert ap.keep_dsts == frozenset()
     assert ap.resync is False
@@ -176,6 +180,7 @@ def test_carrier_loss_then_failback_after_hold_down():
     acts = eng.handle(link(carrier_lost("rail1"), t1), t1)
     assert acts == [
         ApplyRoutes(2, (host_route(1, (0, 2)),), frozenset(), "link change on rail1", resync=False, purge_neighbors=("rail1",)),
+        NotifyHooks(HookPlan(2, frozenset({0, 1, 2}), frozenset({0, 2}), {"h1": None}, "link change on rail1", t1)),
         SendNotice(2, frozenset({0, 2}), urgent=True),
     ]
     assert eng.rails[1].state == RailState.DOWN
@@ -643,3 +648,24 @@ def test_purge_neighbors_names_only_rails_that_just_became_unusable():
     # the link coming back (into hold-down) purges nothing
     acts = applies(e.handle(LinkChanged(up("rail1"), 3), 3))
     assert all(a.purge_neighbors == () for a in acts)
+
+
+# ----------------------------------------------------------------------------- events from the daemon's edges
+
+
+def test_config_reloaded_is_an_event_that_forces_a_new_plan():
+    from linkpass.core.model import ConfigReloaded
+
+    eng, _ = started(rails=(0, 1))
+    acts = eng.handle(ConfigReloaded(make_cfg(rails=(0, 1)), None, 2 * S), 2 * S)
+    assert [a.generation for a in applies(acts)] == [2] and [n.generation for n in notices(acts)] == [2]
+    assert [h.kind for h in eng.history][-2:] == ["config_reloaded", "plan"]
+
+
+def test_hook_peers_changed_becomes_set_probe_priority_of_configured_peers():
+    from linkpass.core.model import HookPeersChanged, SetProbePriority
+
+    eng, _ = started(rails=(0, 1), n_peers=2)
+    assert eng.handle(HookPeersChanged(("h2", "nobody", "h1"), S), S) == [SetProbePriority(("h1", "h2"))]
+    assert eng.handle(HookPeersChanged(("h1", "h2"), 2 * S), 2 * S) == []
+    assert eng.handle(HookPeersChanged((), 3 * S), 3 * S) == [SetProbePriority(())]

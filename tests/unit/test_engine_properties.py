@@ -217,7 +217,7 @@ def check_invariants(run: Run, tr: Tracker, t: int, hold_ns: int) -> None:
         announced = eng.peer_usable.get(peer.name)
         for nh in route.nexthops:
             assert nh.rail in usable, f"{route.describe()} uses rail {nh.rail}, state {eng.rails[nh.rail].state}"
-            assert eng.rails[nh.rail].state in (RailState.UP, RailState.SUSPECT)
+            assert eng.rails[nh.rail].state == RailState.UP
             assert announced is None or nh.rail in announced, f"{route.describe()} uses rail {nh.rail} that {peer.name} announced unusable"
             assert nh.rail in peer.rail_ips
         if failed_rail is not None:  # per-rail-ip: only failed rails get a /32

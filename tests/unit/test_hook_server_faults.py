@@ -13,7 +13,7 @@ from types import SimpleNamespace
 from linkpass.adapters import hook_server as hs
 from linkpass.adapters.hook_server import HookServer
 from linkpass.core.engine import Engine
-from linkpass.core.model import DeviceIncident
+from linkpass.core.model import DeviceFaultDelivered, DeviceIncident
 from linkpass.daemon import Daemon
 
 from unit_helpers import S, make_cfg, snapshot
@@ -122,7 +122,23 @@ def _daemon(hooks):
     cfg = make_cfg()
     e = Engine(cfg)
     e.handle(snapshot(cfg), 0)
-    return SimpleNamespace(engine=e, hooks=hooks)
+    posted: list = []  # the daemon's event queue: what the late-delivery callback posts
+    return SimpleNamespace(engine=e, hooks=hooks, queue=SimpleNamespace(put_nowait=posted.append), posted=posted)
+
+
+def _device_fault(me, act, now_ns):
+    """The daemon's handler, its outcome fed back through Engine.handle as the dispatcher does."""
+    outcome = Daemon._device_fault(me, act)
+    assert [type(ev) for ev in outcome] == [DeviceFaultDelivered]
+    for ev in outcome:
+        assert me.engine.handle(ev, now_ns) == []
+
+
+def _handle_posted(me, now_ns):
+    events, me.posted[:] = list(me.posted), []
+    for ev in events:
+        me.engine.handle(ev, now_ns)
+    return events
 
 
 def _incident(gpu, code="xid:79", device="0000:1c:00.0", t_ns=7):
@@ -139,7 +155,7 @@ def test_notified_only_when_a_client_got_it_and_late_delivery_is_recorded(tmp_pa
         ev = _incident(4)
         (act,) = me.engine.handle(ev, 1 * S)
         with caplog.at_level(logging.WARNING, logger="linkpass.daemon"):
-            Daemon._device_fault(me, act)
+            _device_fault(me, act, 1 * S)
         assert "told 0 hook client(s)" in caplog.text and "kept for a client that registers on that GPU" in caplog.text
         (d,) = me.engine.status(2 * S)["incidents"]
         assert (d["notified"], d["hook_clients"], d["kept"]) == (False, 0, True)
@@ -147,11 +163,13 @@ def test_notified_only_when_a_client_got_it_and_late_delivery_is_recorded(tmp_pa
         assert h.data["notified"] is False  # what MQTT and the metrics get
         r, w = await _register(path, gpu=4)
         assert (await _readline(r))["type"] == "device_fault"
+        (late,) = _handle_posted(me, 3 * S)
+        assert isinstance(late, DeviceFaultDelivered) and late.late and late.clients == 1
         (d,) = me.engine.status(3 * S)["incidents"]
         assert (d["notified"], d["hook_clients"], d["kept"], d["delivered_late"]) == (True, 1, False, True)
         # a client on the GPU now: told at once
         (act,) = me.engine.handle(_incident(4, code="xid:48", t_ns=8), 4 * S)
-        Daemon._device_fault(me, act)
+        _device_fault(me, act, 4 * S)
         assert (await _readline(r))["incident"]["code"] == "xid:48"
         d = me.engine.status(5 * S)["incidents"][-1]
         assert (d["notified"], d["hook_clients"], d["kept"]) == (True, 1, False)
@@ -173,7 +191,7 @@ def test_fault_that_cannot_be_attributed_to_a_gpu_is_a_node_level_warning(tmp_pa
                             summary="SXid 20034 Fatal LTSSM", gpu=None)
         (act,) = me.engine.handle(ev, 1 * S)
         with caplog.at_level(logging.WARNING, logger="linkpass.daemon"):
-            Daemon._device_fault(me, act)
+            _device_fault(me, act, 1 * S)
         assert await _nothing(r)
         (rec,) = [x for x in caplog.records if "DEVICE FAULT" in x.getMessage()]
         text = rec.getMessage()

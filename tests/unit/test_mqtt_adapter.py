@@ -6,12 +6,11 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-from collections import deque
 
 import pytest
 
 from linkpass.adapters import mqtt
-from linkpass.adapters.mqtt import AlertMapper, MqttPublisher, MqttSetupError, ReportTap, compact_state, topic_prefix
+from linkpass.adapters.mqtt import AlertMapper, MqttPublisher, MqttSetupError, compact_state, topic_prefix
 from linkpass.adapters.outbox import Outbox
 from linkpass.config import MqttSection, parse_config
 from linkpass.core.model import HistoryEntry
@@ -95,22 +94,6 @@ def test_hook_reports():
     assert m.from_report({"event": "ignored", "job": "j", "rank": 0}) is None
     big = m.from_report({"event": "unmovable", "job": "j", "rank": 0, "reason": "x" * 10000})
     assert big.fields["detail"] == {"truncated": True}
-
-
-def test_report_tap_keeps_the_deque_and_feeds_the_sink():
-    got = []
-    d = deque([{"event": "old"}], maxlen=2)
-    tap = ReportTap(d, got.append)
-    tap.append({"event": "a"})
-    tap.append({"event": "b"})
-    assert list(tap) == [{"event": "a"}, {"event": "b"}] and tap.maxlen == 2
-    assert got == [{"event": "a"}, {"event": "b"}]
-
-    def bad(rec):
-        raise RuntimeError("sink bug")
-    tap2 = ReportTap(deque(maxlen=3), bad)
-    tap2.append({"event": "c"})  # logged, never raised into the hook server
-    assert list(tap2) == [{"event": "c"}]
 
 
 def test_topic_prefix():

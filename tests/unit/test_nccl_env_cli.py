@@ -19,6 +19,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent / "topology"))
 import sysfs_trees as st
 
 from linkpass.adapters.nccl_file import NcclEnvFile, write_atomic
+from linkpass.core.engine import Engine
+from linkpass.core.model import AddrChanged, LinkChanged, WriteNcclEnv
+from linkpass.core.nccl_env import health_from_status, plan_env_file
 from linkpass.cli import main
 from linkpass.config import parse_config
 
@@ -246,18 +249,46 @@ def _cfg(tmp_path: Path, tree: Path | str, env_file: Path) -> object:
                         + f'[topology]\nsysfs_root = "{tree}"\n[nccl]\nenv_file = "{env_file}"\nversion = "2.30.1"\n')
 
 
+def _plan(f: NcclEnvFile, generation: int, status: dict) -> None:
+    """What the engine hands the adapter for a plan whose rails are those of ``status``."""
+    f.write(WriteNcclEnv(generation, health_from_status(status).rails, f.context))
+
+
+def test_engine_computes_the_env_file_from_its_own_rails(tmp_path, tree):
+    from unit_helpers import carrier_lost, snapshot
+
+    path = tmp_path / "nccl.env"
+    cfg = _cfg(tmp_path, tree, path)
+    f = NcclEnvFile(cfg)
+    eng = Engine(cfg, f.context)
+    (w,) = [a for a in eng.handle(snapshot(cfg, 0), 0) if isinstance(a, WriteNcclEnv)]
+    # the addresses the netlink dump brings right after the first plan are in the file it writes
+    for i, d in enumerate(DEVS):
+        assert eng.handle(AddrChanged(d, f"10.{i}.0.1", 24, True, 0), 0) == []
+    # the same text the adapter used to compute from `linkpass status` JSON
+    assert w.generation == 1 and w.error is None
+    assert "NCCL_SOCKET_IFNAME==" + ",".join(DEVS) in w.text.splitlines()
+    assert w.text == plan_env_file(f.context, health_from_status(eng.status(0)).rails, 1)[1]
+    f.write(w)
+    assert path.read_text() == w.text and f"NCCL_IB_HCA={HGX_HCA}" in w.text.splitlines()
+    (w2,) = [a for a in eng.handle(LinkChanged(carrier_lost("ibp24s0"), 1), 1) if isinstance(a, WriteNcclEnv)]
+    values = dict(line.split("=", 1) for line in w2.text.splitlines() if not line.startswith("#"))
+    assert w2.generation == 2 and "mlx5_0:1" not in values["NCCL_IB_HCA"] and "mlx5_0:1" in HGX_HCA
+    assert not [a for a in Engine(cfg).handle(snapshot(cfg, 0), 0) if isinstance(a, WriteNcclEnv)]  # no context: no file
+
+
 def test_env_file_written_atomically_only_on_newer_generations(tmp_path, tree):
     path = tmp_path / "nccl.env"
     f = NcclEnvFile(_cfg(tmp_path, tree, path))
-    f.plan_changed(3, lambda: status_doc(3))
+    _plan(f, 3, status_doc(3))
     text = path.read_text()
     assert text.splitlines()[0].startswith("# linkpass NCCL environment: host=h0 generation=3 gpu=all nccl=2.30.1")
     assert f"NCCL_IB_HCA={HGX_HCA}" in text.splitlines()
     assert oct(path.stat().st_mode & 0o777) == "0o644"
-    f.plan_changed(2, lambda: status_doc(2, down=("ibp24s0",)))  # older: ignored
-    f.plan_changed(3, lambda: status_doc(3, down=("ibp24s0",)))  # same: ignored
+    _plan(f, 2, status_doc(2, down=("ibp24s0",)))  # older: ignored
+    _plan(f, 3, status_doc(3, down=("ibp24s0",)))  # same: ignored
     assert path.read_text() == text
-    f.plan_changed(4, lambda: status_doc(4, down=("ibp24s0",)))
+    _plan(f, 4, status_doc(4, down=("ibp24s0",)))
     new = path.read_text()
     values = dict(line.split("=", 1) for line in new.splitlines() if not line.startswith("#"))
     assert "generation=4" in new.splitlines()[0]
@@ -270,7 +301,7 @@ def test_env_file_without_hcas_keeps_socket_ifname(tmp_path):
     empty = tmp_path / "empty-sysfs"
     (empty / "sys" / "class" / "net").mkdir(parents=True)
     f = NcclEnvFile(_cfg(tmp_path, empty, path))
-    f.plan_changed(1, lambda: status_doc(1, down=("ibp64s0",)))
+    _plan(f, 1, status_doc(1, down=("ibp64s0",)))
     lines = path.read_text().splitlines()
     assert any(line.startswith("# note: NCCL_IB_HCA not set") for line in lines)
     assert "NCCL_SOCKET_IFNAME==" + ",".join(d for d in DEVS if d != "ibp64s0") in lines
@@ -282,7 +313,7 @@ def test_env_file_write_failure_is_logged_once_and_never_raises(tmp_path, tree, 
     f = NcclEnvFile(_cfg(tmp_path, tree, blocker / "nccl.env"))
     with caplog.at_level(logging.DEBUG, logger="linkpass.nccl_file"):
         for g in (1, 2, 3):
-            f.plan_changed(g, lambda g=g: status_doc(g))
+            _plan(f, g, status_doc(g))
     errors = [r for r in caplog.records if r.levelno == logging.ERROR]
     assert len(errors) == 1 and "cannot write" in errors[0].getMessage()
     assert f.errors == 3 and f.written_generation == 0
@@ -292,7 +323,8 @@ def test_env_file_disabled_writes_nothing(tmp_path, tree):
     cfg = parse_config(f'[daemon]\nhost = "h0"\nhost_ip = "10.9.0.1"\n[[rails]]\nid = 0\nnetdev = "x0"\n'
                        f'[nccl]\nenv_file = "{tmp_path / "n.env"}"\nwrite_env_file = false\n')
     f = NcclEnvFile(cfg)
-    f.plan_changed(1, lambda: status_doc(1))
+    assert f.context is None  # the engine gets nothing to compute from
+    f.write(WriteNcclEnv(1, health_from_status(status_doc(1)).rails, f.context))
     assert not (tmp_path / "n.env").exists()
 
 
