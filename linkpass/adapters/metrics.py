@@ -25,7 +25,7 @@ inside the daemon, monotonic clock):
   first plan recorded after the decision without the rail (``bench/detect_reroute.py``:
   ``reroute_ms``).
 
-A *failover* is a rail leaving use because of a fault (UP or SUSPECT -> DOWN; an operator's drain
+A *failover* is a rail leaving use because of a fault (UP -> DOWN; an operator's drain
 is not one); a *failback* is a rail taken back into use after its hold-down (HOLD_DOWN -> UP).
 
 Metric names are a contract with deploy/prometheus-rules.yml and the dashboards; see
@@ -163,7 +163,7 @@ class DaemonMetrics:
         self.registry = CollectorRegistry()
         r = self.registry
         r.register(_StateCollector(self))  # first: a snapshot timeout is counted in the same scrape
-        self.failovers = Counter("linkpass_failovers", "Rails taken out of use by a fault (UP or SUSPECT -> DOWN).",
+        self.failovers = Counter("linkpass_failovers", "Rails taken out of use by a fault (UP -> DOWN).",
                                  ["rail"], registry=r)
         self.failbacks = Counter("linkpass_failbacks", "Rails taken back into use after their hold-down (HOLD_DOWN -> UP).",
                                  ["rail"], registry=r)
@@ -333,7 +333,7 @@ def _state_families(d, version: str, now: int) -> list[Metric]:
                                  value=eng.applied_generation))
 
     state = _gauge("linkpass_rail_state", "1 for the rail's current health state, 0 for the others.", ["rail", "netdev", "state"])
-    usable = _gauge("linkpass_rail_usable", "1 when the rail may carry traffic (UP or SUSPECT).", ["rail", "netdev"])
+    usable = _gauge("linkpass_rail_usable", "1 when the rail may carry traffic (UP).", ["rail", "netdev"])
     degraded = _gauge("linkpass_rail_degraded", "1 when the rail's probe loss marks it DEGRADED.", ["rail", "netdev"])
     suppressed = _gauge("linkpass_rail_suppressed", "1 while flap damping keeps the rail out of use.", ["rail", "netdev"])
     penalty = _gauge("linkpass_rail_damping_penalty", "Flap-damping penalty of the rail now (decays with its half-life).", ["rail", "netdev"])

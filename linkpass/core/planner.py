@@ -48,7 +48,7 @@ def plan_routes(cfg: Config, local_usable: Iterable[int], peer_usable: Mapping[s
 
     Args:
         cfg: validated config (rails, peers, mode, route protocol/table/metric).
-        local_usable: ids of our rails in a usable state (UP or SUSPECT).
+        local_usable: ids of our rails in a usable state (UP).
         peer_usable: per peer name, the rails that peer last announced as usable; a peer
             never heard from is assumed to use all its configured rails.
         path_down: (rail, peer) paths whose probes say DOWN: that peer is not reached over
