@@ -595,8 +595,8 @@ class Controller:
         resume = None
         try:
             keys = [f"rebuild/{e}/pos/{r}" for r in range(self.s.world_size) if r != self.s.rank]
-            self._kv_wait.wait(keys, datetime.timedelta(seconds=min(self.s.rebuild_timeout_s, handover.RNG_WAIT_S)))
-            pos = {int(k.rsplit("/", 1)[1]): json.loads(self._kv_wait.get(k)) for k in keys}
+            kv.wait(keys, datetime.timedelta(seconds=min(self.s.rebuild_timeout_s, handover.RNG_WAIT_S)))
+            pos = {int(k.rsplit("/", 1)[1]): json.loads(kv.get(k)) for k in keys}
             resume = int(pos[handover.source_rank(pos)]["steps"])
         except Exception as ex:  # noqa: BLE001 - then whatever this rank has
             log.warning("the survivors' positions were not read (%s); RNG states left as they are", ex)

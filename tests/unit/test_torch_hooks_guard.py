@@ -277,7 +277,8 @@ def test_guard_rebuilds_mid_collective_twice_ignores_other_rail_and_survives_dae
         # the daemon of host 1 restarts: the client reconnects and registers again
         _wait_progress(tmp_path, "run", 1, 28, procs)
         d1.close()
-        time.sleep(0.3)  # input, not a wait: the daemon stays away a while (the client retries meanwhile)
+        # the daemon stays away while rank 1 trains two more steps without it (its client retries)
+        _wait_progress(tmp_path, "run", 1, 30, procs)
         d1 = FakeDaemon(str(tmp_path / "h1.sock"), "h1")
         wait_until(lambda: d1.registrations, 10, "rank 1 registering with the restarted daemon")
         assert d1.registrations[-1]["rail"] == 1
