@@ -16,8 +16,8 @@ import signal
 import tempfile
 from pathlib import Path
 
-from linkpass import fabric as fab
-from linkpass.fabric.cluster import Cluster, ClusterError
+from linkpass.lab import fabric as fab
+from linkpass.lab.fabric.cluster import Cluster, ClusterError
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 PAGE_KB = os.sysconf("SC_PAGE_SIZE") // 1024
@@ -134,7 +134,7 @@ def summary(values: list[float]) -> dict:
 
 
 class BenchCluster(Cluster):
-    """:class:`linkpass.fabric.cluster.Cluster` plus what the benchmarks measure: the daemons'
+    """:class:`linkpass.lab.fabric.cluster.Cluster` plus what the benchmarks measure: the daemons'
     pids (checked), the count of control-socket queries, and problems in the daemon logs.
 
     ``launch()`` builds the fabric, starts every daemon and waits until each is ready.

@@ -118,7 +118,7 @@ def event_probe(cl: MqttCluster, timeout_s: float = 10.0) -> tuple[list[dict], l
     wait until every daemon has queued events for it and its broker acknowledged all of them
     (outbox empty).  Idle daemons publish no events, so this is what shows the events path
     works.  Returns per-host ``{"events", "acked"}`` (counter increases) and the problems."""
-    from linkpass import fabric as fab
+    from linkpass.lab import fabric as fab
 
     before = [cl.ask(i)["mqtt"]["counters"] for i in range(cl.hosts)]
     for i in range(cl.hosts):

@@ -65,8 +65,8 @@ from _cluster import (
     summary,
 )
 
-from linkpass import fabric as fab
-from linkpass.benchcmd import add_detect_options
+from linkpass.lab import fabric as fab
+from linkpass.lab.benchcmd import add_detect_options
 
 SCHEMA = "linkpass.bench.detect_bfd/v1"
 BFDD_CANDIDATES = ("/usr/lib/frr/bfdd", "/usr/sbin/bfdd", "/usr/local/sbin/bfdd")

@@ -54,7 +54,7 @@ from _cluster import (
     summary,
 )
 
-from linkpass import fabric as fab
+from linkpass.lab import fabric as fab
 
 SCHEMA = "linkpass.bench.detect_reroute/v1"
 NOT_DETECTED = "not detected"

@@ -10,7 +10,7 @@ padded with a sleep inside the step, before the all-reduce, up to ``--step-s``).
 initial weights are seeded per step and rank, so both paths must end with the same weights.
 
 (a) **linkpass**: the fabric and daemons of ``linkpass demo --scenario device-fault``
-    (:class:`linkpass.demo.DeviceFaultDemo`: 2 hosts, per-rail IPs, notify-only daemons, one
+    (:class:`linkpass.lab.demo.DeviceFaultDemo`: 2 hosts, per-rail IPs, notify-only daemons, one
     rank plus one hot spare per host).  When the last host's rank has finished
     ``--fault-step`` steps, an Xid 79 is injected on its GPU 0 (``linkpass inject
     device-fault``); the spare takes the rank over.  ``migration_ms`` = inject issued -> the
@@ -245,8 +245,8 @@ if len(sys.argv) > 1 and sys.argv[1] == "_worker":
 
 from _cluster import BenchError, check_args, machine_info, run_and_report  # noqa: E402
 
-from linkpass import fabric as fab  # noqa: E402
-from linkpass.demo import DemoError, DeviceFaultDemo  # noqa: E402
+from linkpass.lab import fabric as fab  # noqa: E402
+from linkpass.lab.demo import DemoError, DeviceFaultDemo  # noqa: E402
 
 
 def _torchrun() -> str:
@@ -364,7 +364,7 @@ class MigrationBench(DeviceFaultDemo):
         return outs
 
     def migrate(self, ref_sha: str | None) -> dict:
-        from linkpass.inject import inject_device_fault
+        from linkpass.lab.inject import inject_device_fault
 
         a = self.args
         self.start()

@@ -7,7 +7,7 @@ same cut leaves the job stuck without it.
 One emulated fabric (name ``bnrb`` by default), 2 hosts x 2 rails in per-rail-IP mode, one
 daemon per host with ``reroute = "notify-only"`` (no route changes: only the hook can move the
 job), exactly the setup of ``linkpass demo --scenario rebuild``
-(:class:`linkpass.demo.RebuildDemo`):
+(:class:`linkpass.lab.demo.RebuildDemo`):
 
 1. one fault-free run under the hook: the reference weights;
 2. ``--trials`` runs: the gloo process group starts on rail 0, rail 0 of the last host is cut
@@ -36,8 +36,8 @@ from pathlib import Path
 
 from _cluster import BenchError, machine_info, run_and_report, summary
 
-from linkpass import fabric as fab
-from linkpass.demo import DemoError, RebuildDemo, _counters
+from linkpass.lab import fabric as fab
+from linkpass.lab.demo import DemoError, RebuildDemo, _counters
 
 SCHEMA = "linkpass.bench.rebuild/v1"
 
@@ -84,7 +84,7 @@ class Bench(RebuildDemo):
             logf = open(self.workdir / f"nohook-rank{h['index']}.log", "w")
             self.jobs.append(subprocess.Popen(
                 fab.netns_exec(self.name, h["index"]) + [
-                    sys.executable, "-m", "linkpass.demo_train", "--rank", str(h["index"]), "--world-size", str(self.hosts),
+                    sys.executable, "-m", "linkpass.lab.demo_train", "--rank", str(h["index"]), "--world-size", str(self.hosts),
                     "--master-addr", store_addr, "--master-port", str(port), "--iface", h["rails"][rail]["netdev"],
                     "--steps", str(steps), "--timeout-s", str(timeout_s), "--out", str(out), "--progress", str(prog)],
                 stdout=logf, stderr=subprocess.STDOUT, start_new_session=True))

@@ -61,7 +61,7 @@ from _cluster import (
 )
 from detect_bfd import Bfd, ensure_bfdd
 
-from linkpass import fabric as fab
+from linkpass.lab import fabric as fab
 
 SCHEMA = "linkpass.bench.soak/v1"
 TARGETS = {"false_failovers": 0, "daemon_cpu_pct_8_rails": 10.0}

@@ -4,7 +4,7 @@ The file is read with :mod:`tomllib` and validated with pydantic.  Every option 
 documented on its field below (``description=``; ``examples=`` gives the value the example
 file shows, commented out unless the option is required or marked
 ``json_schema_extra=IN_EXAMPLE``); ``deploy/linkpass.toml.example`` is generated from this schema
-(:func:`linkpass.config_cli.render_example`, ``make example-config``).  Secrets are never
+(:func:`linkpass.cli.config.render_example`, ``make example-config``).  Secrets are never
 options: an option ending in ``_file`` names a file (mode 0600) that holds the secret.
 
 Errors never surface as tracebacks: :func:`load_config` raises :class:`ConfigError`
@@ -292,6 +292,10 @@ class HooksSection(_Strict):
     max_clients: StrictInt = Field(1024, ge=1, le=65536, description="Connections beyond this are refused.")
 
 
+#: domain:bus:device.function as lspci -D and NVML print it (domain 4 to 8 hex digits).
+_PCI_BUS_ID = re.compile(r"[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]")
+
+
 class DeviceSection(_Strict):
     """The ``[device]`` table: live device evidence (issue 6, part 3).  Each source that cannot
     run here (no /dev/kmsg access, no GPU driver or nvidia-ml-py, no pyverbs or RDMA device) is
@@ -307,6 +311,22 @@ class DeviceSection(_Strict):
                                     "events (Xid 45, flush errors...) link to their root incident.")
     nvml: StrictBool = Field(True, description="Wait for NVML Xid events (nvidia-ml-py) when a GPU driver is present.")
     rdma: StrictBool = Field(True, description="Read RDMA async port events through pyverbs when it is installed.")
+    gpus: dict[str, StrictInt] = Field(default_factory=dict, max_length=256, description="PCI bus id -> GPU index "
+                                       "(NVML's), for a host where NVML does not run and the discovered topology does "
+                                       "not list the GPUs: tells which hook client a kernel-log Xid concerns. "
+                                       "Keys like \"0000:18:00.0\"; NVML and the topology win when they know the GPU.")
+
+    @field_validator("gpus")
+    @classmethod
+    def _bus_ids(cls, v: dict[str, int]) -> dict[str, int]:
+        out = {}
+        for bus, idx in v.items():
+            if not _PCI_BUS_ID.fullmatch(bus):
+                raise ValueError(f"key {_shown(bus)} is not a PCI bus id like \"0000:18:00.0\"")
+            if not 0 <= idx < 1024:
+                raise ValueError(f"GPU index for {bus} must be in 0..1023, got {idx}")
+            out[bus.lower()] = idx
+        return out
 
 
 DEFAULT_METRICS_PORT = 9472

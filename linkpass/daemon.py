@@ -91,9 +91,6 @@ CONTROL_BACKLOG = 1024
 CONTROL_TIMEOUT_S = 5.0
 #: Nanoseconds between two warnings about bad control requests (the others are counted).
 BAD_REQUEST_WARN_INTERVAL_NS = 10 * 1_000_000_000
-#: The largest ``<kmsg_path>.gpus.json`` (bus id -> GPU index, the emulated fabric's) read, in bytes.
-MAX_GPUS_JSON_BYTES = 1 << 20
-
 
 def parse_request(line: bytes) -> tuple[dict | None, str | None]:
     """One control request line -> ``(request, None)``, or ``(None, why)`` when it is not one.
@@ -147,6 +144,35 @@ class _Throttle:
             return False, self.suppressed
         self._last, n, self.suppressed = now, self.suppressed, 0
         return True, n
+
+
+def gpu_index(bus: str, nvml=None, topology=None, overrides: dict[str, int] | None = None) -> int | None:
+    """NVML index of the GPU at PCI bus id ``bus``: from NVML when it runs (``nvml.gpu_index``),
+    else from the discovered topology's GPUs, else from the config's ``[device] gpus``
+    override; None when none of them knows it."""
+    if nvml is not None:
+        i = nvml.gpu_index(bus)
+        if i is not None:
+            return i
+    for g in getattr(topology, "gpus", None) or ():
+        if g.pci_bus_id == bus and g.index is not None:
+            return g.index
+    # the override compared without the domain's width ("0000:18:00.0" as lspci prints it,
+    # "00000000:18:00.0" as NVML does)
+    want = _bus_key(bus)
+    for b, idx in (overrides or {}).items():
+        if _bus_key(b) == want:
+            return idx
+    return None
+
+
+def _bus_key(bus: str) -> tuple[int, str] | None:
+    """``"0000:18:00.0"`` -> ``(0, "18:00.0")``: a PCI bus id with its domain as a number."""
+    dom, _, rest = bus.lower().partition(":")
+    try:
+        return int(dom, 16), rest
+    except ValueError:
+        return None
 
 
 class Daemon:
@@ -357,29 +383,7 @@ class Daemon:
     # ------------------------------------------------------------------ live device sources
 
     def _gpu_index(self, bus: str) -> int | None:
-        """NVML index of the GPU at PCI bus id ``bus``: from NVML when it runs, else from the
-        discovered topology (auto mode); None when unknown."""
-        nv = self.device_sources.get("nvml")
-        if nv is not None:
-            i = nv.gpu_index(bus)
-            if i is not None:
-                return i
-        topo = self.nccl_topology
-        for g in getattr(topo, "gpus", None) or ():
-            if g.pci_bus_id == bus and g.index is not None:
-                return g.index
-        # a kernel-log file other than /dev/kmsg may come with "<path>.gpus.json" (bus id ->
-        # index): the emulated fabric writes one per host (linkpass.inject.fake_pci_bus_id)
-        path = self.cfg.device.kmsg_path
-        if path != "/dev/kmsg":
-            try:
-                with open(f"{path}.gpus.json", "rb") as f:
-                    data = f.read(MAX_GPUS_JSON_BYTES + 1)
-                idx = json.loads(data).get(bus) if len(data) <= MAX_GPUS_JSON_BYTES else None
-                return idx if isinstance(idx, int) else None
-            except (OSError, ValueError, AttributeError, RecursionError):
-                return None
-        return None
+        return gpu_index(bus, self.device_sources.get("nvml"), self.nccl_topology, self.cfg.device.gpus)
 
     def _start_device_sources(self) -> None:
         """Start the live device sources the config asks for and this host has (DESIGN.md:
@@ -501,8 +505,6 @@ class Daemon:
             elif cmd in ("drain", "undrain"):
                 resp = self._drain_request(req, cmd == "drain")
                 why = resp.get("error")
-            elif cmd == "debug-block-loop" and os.environ.get("LINKPASS_DEBUG") == "1":
-                resp = _debug_block_request(req)
             else:
                 why = "unknown request"
                 resp = {"error": "unknown request; send {\"cmd\": \"status\"}, {\"cmd\": \"history\"} or "
@@ -511,11 +513,6 @@ class Daemon:
                 self._bad_request(why)
             writer.write(json.dumps(resp).encode() + b"\n")
             await asyncio.wait_for(writer.drain(), CONTROL_TIMEOUT_S)
-            if resp.get("blocking_s"):
-                # test aid (LINKPASS_DEBUG=1 only): hold the event loop like a hung daemon would,
-                # so tests see the systemd watchdog pings stop
-                log.warning("debug-block-loop: blocking the event loop for %.1f s", resp["blocking_s"])
-                time.sleep(resp["blocking_s"])
         except (asyncio.TimeoutError, ConnectionError):
             pass
         except Exception:  # our bug answering a valid request, not the client's input
@@ -754,14 +751,6 @@ class Daemon:
         except OSError:
             pass
         return 0
-
-
-def _debug_block_request(req: dict) -> dict:
-    """``{"cmd": "debug-block-loop", "seconds": S}`` (only with LINKPASS_DEBUG=1): S in (0, 600]."""
-    s = req.get("seconds", 1)
-    if isinstance(s, bool) or not isinstance(s, (int, float)) or not 0 < s <= 600:
-        return {"error": f"debug-block-loop: seconds must be a number in (0, 600], got {s!r}"}
-    return {"blocking_s": float(s)}
 
 
 def setup_logging(level: str) -> None:

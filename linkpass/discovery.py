@@ -1,7 +1,7 @@
 """``[topology] rails = "auto"`` on the live host: discover, analyse, resolve.
 
 The one place that does it, so that ``linkpass run`` (:meth:`linkpass.daemon.Daemon._resolve`)
-and ``linkpass config check`` (:func:`linkpass.config_cli.file_problems`) read the host the same
+and ``linkpass config check`` (:func:`linkpass.cli.config.file_problems`) read the host the same
 way and refuse the same configs.  :mod:`linkpass.autoconf` stays pure; this module touches sysfs,
 netlink and (on the real root) NVML.
 """

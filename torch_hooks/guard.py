@@ -8,7 +8,7 @@ rank, world_size)`` builds a fresh group for a new store prefix, ``abort()`` dro
     from torch_hooks.guard import LinkPassGuard
 
     # the store must live outside the ranks (torchrun's agent hosts it; or a store process like
-    # ``python -m linkpass.demo_train --store-only``): a rank hosting it cannot be migrated (the
+    # ``python -m linkpass.lab.demo_train --store-only``): a rank hosting it cannot be migrated (the
     # store would die with it), so only then can every rank move to a spare
     store = dist.TCPStore(master_addr, port, world_size, is_master=False)
     guard = LinkPassGuard(store, rank, world_size, rails={0: "rail0", 1: "rail1"}, rail=0,

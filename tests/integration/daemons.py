@@ -9,7 +9,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from linkpass.fabric.cluster import Cluster as _Cluster
+from linkpass.lab.fabric.cluster import Cluster as _Cluster
 
 PROTO = 201
 

@@ -72,7 +72,7 @@ def test_rails_and_peers_come_from_discovery(auto_cluster):
     assert s["topology"]["rails"] == "auto" and any("mlx5_0 via rail0" in n for n in s["topology"]["notes"])
     assert c.route_rails(0, 1) == [0, 1] and c.route_rails(1, 0) == [0, 1]
     # and failover works on the derived config
-    from linkpass import fabric as fab
+    from linkpass.lab import fabric as fab
 
     fab.cut(c.name, 1, 0, "carrier-loss")
     wait_for(lambda: c.route_rails(1, 0) == [1], what="local reroute")
@@ -80,7 +80,7 @@ def test_rails_and_peers_come_from_discovery(auto_cluster):
 
 
 def test_auto_without_any_rail_is_a_clear_error(tmp_path):
-    from linkpass import fabric as fab  # noqa: F401
+    from linkpass.lab import fabric as fab  # noqa: F401
     import subprocess
 
     empty = tmp_path / "sysfs"

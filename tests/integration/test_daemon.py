@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from linkpass import fabric as fab
+from linkpass.lab import fabric as fab
 from linkpass.config import read_key_file
 from linkpass.core import notice as wire
 

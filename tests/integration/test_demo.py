@@ -49,7 +49,7 @@ def test_demo_refuses_bad_arguments():
 
 
 def test_demo_never_touches_an_existing_fabric():
-    from linkpass import fabric as fab
+    from linkpass.lab import fabric as fab
 
     fab.up(2, 2, "tdemox")
     try:

@@ -79,7 +79,7 @@ def _port() -> int:
 def _launch(tmp: Path, tag: str, port: int, steps: int, rank: int, sock: str | None, spare: bool = False, gpu: int = 0,
             extra: tuple[str, ...] = ()):
     out, prog = tmp / f"{tag}-{'spare' if spare else rank}.json", tmp / f"{tag}-{'spare' if spare else rank}.progress"
-    cmd = [sys.executable, "-m", "linkpass.demo_train", "--rank", str(rank), "--world-size", "2", "--master-addr", "127.0.0.1",
+    cmd = [sys.executable, "-m", "linkpass.lab.demo_train", "--rank", str(rank), "--world-size", "2", "--master-addr", "127.0.0.1",
            "--master-port", str(port), "--steps", str(steps), "--hook", "--rail-ifaces", "0=lo", "--rail", "0",
            "--hooks-socket", sock or str(tmp / "nobody.sock"), "--timeout-s", "20", "--gpu", str(gpu),
            "--host", "h1" if rank == 1 or spare else "h0", "--out", str(out), "--progress", str(prog), "--spare-wait-s", "60"]

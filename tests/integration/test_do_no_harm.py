@@ -18,7 +18,7 @@ import sys
 
 import pytest
 
-from linkpass import fabric as fab
+from linkpass.lab import fabric as fab
 
 from .daemons import Cluster, wait_for
 

@@ -17,10 +17,10 @@ import time
 
 import pytest
 
-from linkpass import fabric as F
+from linkpass.lab import fabric as F
 from linkpass.config import load_config, read_key_file
-from linkpass.fabric import fabric as fabric_mod
-from linkpass.fabric.cli import register
+from linkpass.lab.fabric import fabric as fabric_mod
+from linkpass.lab.fabric.cli import register
 
 pytestmark = [
     pytest.mark.root,
@@ -96,7 +96,7 @@ def fab(make_fabric) -> dict:
 def test_up_builds_what_the_description_says(make_fabric):
     d = make_fabric(3, 2, mode="per-rail-ip", hold_down_ms=500)
     name = d["name"]
-    assert d["schema"] == "linkpass.fabric/v1"
+    assert d["schema"] == "linkpass.lab.fabric/v1"
     assert (d["hosts_count"], d["rails_count"], d["fabric_netns"]) == (3, 2, f"{name}-fab")
     assert [r["bridge"] for r in d["rails"]] == ["br0", "br1"]
     assert [r["subnet"] for r in d["rails"]] == ["198.18.0.0/24", "198.18.1.0/24"]

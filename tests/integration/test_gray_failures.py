@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 
-from linkpass import fabric as fab
+from linkpass.lab import fabric as fab
 
 from .daemons import Cluster, wait_for
 

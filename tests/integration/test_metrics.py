@@ -12,7 +12,7 @@ import sys
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from linkpass import fabric as fab
+from linkpass.lab import fabric as fab
 from linkpass.adapters.hook_server import default_socket_path
 
 from .daemons import Cluster, wait_for

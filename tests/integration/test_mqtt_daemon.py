@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import tomli_w
 
-from linkpass import fabric as fab
+from linkpass.lab import fabric as fab
 
 from .daemons import Cluster
 from .mosquitto import HAVE_MOSQUITTO, Mosquitto, Subscriber, dedup, wait_for

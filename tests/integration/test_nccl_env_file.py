@@ -78,7 +78,7 @@ def cluster(tmp_path):
 
 
 def test_env_file_follows_plan_generation_and_drops_the_cut_rail(cluster, tmp_path):
-    from linkpass import fabric as fab
+    from linkpass.lab import fabric as fab
 
     c = cluster
     f0, f1 = tmp_path / "h0-nccl.env", tmp_path / "h1-nccl.env"

@@ -22,7 +22,7 @@ import time
 
 import pytest
 
-from linkpass import fabric as fab
+from linkpass.lab import fabric as fab
 
 from ..wait import wait_until
 

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from linkpass import fabric as fab
-from linkpass.fabric._ns import in_netns
+from linkpass.lab import fabric as fab
+from linkpass.lab.fabric._ns import in_netns
 from topology.affinity import analyse, to_json
 from topology.live import discover, read_netlink
 

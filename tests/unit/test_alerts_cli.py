@@ -8,9 +8,9 @@ import json
 
 import pytest
 
-from linkpass import alerts_cli
+from linkpass.cli import alerts as alerts_cli
 from linkpass.adapters import mqtt
-from linkpass.alerts_cli import ClosedBeforeConnack, connect_error_text, parse_broker, status_text
+from linkpass.cli.alerts import ClosedBeforeConnack, connect_error_text, parse_broker, status_text
 
 TS = "2026-11-29T21:50:16.266842Z"
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from linkpass import classify_cli
+from linkpass.cli import classify as classify_cli
 from linkpass.cli import main
 from linkpass.core.classify import classify, classify_text
 from linkpass.core.logparse import parse_lines

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from linkpass import cli
+from linkpass.cli import app as cli
 
 ROOT = Path(__file__).resolve().parents[2]
 

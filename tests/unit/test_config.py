@@ -131,7 +131,15 @@ BAD = {
     "peer-rail-not-in-rails": (edit(EXAMPLE, '"1" = "198.18.1.2"', '"4" = "198.18.4.2"'), "peers[0].rail_ips"),
     "duplicate-peer": (EXAMPLE + '\n[[peers]]\nname = "h1"\nhost_ip = "198.19.0.3"\nrail_ips = { "0" = "198.18.0.3" }\n', "peers"),
     "self-as-peer": (edit(EXAMPLE, 'name = "h1"', 'name = "h0"'), "peers"),
+    "gpu-map-not-a-bus-id": (EXAMPLE + '\n[device.gpus]\n"18:00" = 0\n', "device.gpus"),
+    "gpu-map-index-out-of-range": (EXAMPLE + '\n[device.gpus]\n"0000:18:00.0" = 5000\n', "device.gpus"),
+    "gpu-map-index-not-int": (EXAMPLE + '\n[device.gpus]\n"0000:18:00.0" = "0"\n', "device.gpus.0000:18:00.0"),
 }
+
+
+def test_gpu_map_override_is_read_and_lowercased():
+    cfg = parse_config(EXAMPLE + '\n[device.gpus]\n"0000:1A:00.0" = 2\n"00000000:1b:00.0" = 3\n', "x.toml")
+    assert cfg.device.gpus == {"0000:1a:00.0": 2, "00000000:1b:00.0": 3}
 
 
 @pytest.mark.parametrize("case", list(BAD))
@@ -390,7 +398,7 @@ def test_every_host_name_the_tests_and_the_fabric_use_still_passes():
     files = [f for f in files if not f.name.startswith("test_config")]
     pat = re.compile(r"""(?:\bhost\s*=\s*|["']host["']\s*:\s*)["']([^"'\\{}@\n]*)["']""")
     names = {m for f in files for m in pat.findall(f.read_text(encoding="utf-8", errors="replace"))}
-    names |= {f"h{i}" for i in range(64)}  # the fabric's hosts (linkpass/fabric/fabric.py: f"h{i}")
+    names |= {f"h{i}" for i in range(64)}  # the fabric's hosts (linkpass/lab/fabric/fabric.py: f"h{i}")
     assert {"h0", "h1", "gpu-node-07"} <= names
     def broker_ip(n: str) -> bool:  # [mqtt] host = "::1" is a broker address, not a daemon.host
         try:

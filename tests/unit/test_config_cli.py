@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from linkpass import config as config_mod
 from linkpass.cli import main as cli_main
 from linkpass.config import Config, parse_config
-from linkpass.config_cli import EXAMPLE_PATH, render_config, render_defaults, render_example
+from linkpass.cli.config import EXAMPLE_PATH, render_config, render_defaults, render_example
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -8,8 +8,8 @@ import copy
 
 import pytest
 
-from linkpass import cli
-from linkpass.fabric import fabric as F
+from linkpass.cli import app as cli
+from linkpass.lab.fabric import fabric as F
 
 
 @pytest.fixture
@@ -55,6 +55,6 @@ def test_up_line_of_a_new_fabric_and_of_one_with_cuts_left():
 
 
 def cli_line(desc: dict, existed: bool) -> str:
-    from linkpass.fabric.cli import up_line
+    from linkpass.lab.fabric.cli import up_line
 
     return up_line(desc, existed)

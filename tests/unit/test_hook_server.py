@@ -244,7 +244,7 @@ def test_reload_warns_once_that_a_new_hooks_socket_needs_a_restart(tmp_path, cap
 
 
 def test_plain_status_shows_reroute_mode_and_hook_clients(capsys, tmp_path):
-    from linkpass.cli import _print_status
+    from linkpass.cli.app import _print_status
 
     srv = HookServer(str(tmp_path / "h.sock"), "h0")
     hooks = srv.status()

@@ -6,8 +6,9 @@ import json
 
 import pytest
 
-from linkpass import cli, inject
-from linkpass import fabric as fab
+from linkpass.cli import app as cli
+from linkpass.lab import inject
+from linkpass.lab import fabric as fab
 from linkpass.core.classify import classify_text
 
 
@@ -65,18 +66,19 @@ def test_fake_pci_ids_map_back_to_gpu_indexes():
 
 
 def test_daemon_maps_a_fabric_pci_id_to_the_registered_gpu_index(tmp_path):
-    from types import SimpleNamespace
+    from linkpass.daemon import gpu_index
+    from linkpass.lab.fabric.fabric import _host_config
 
-    from linkpass.daemon import Daemon
-
-    k = tmp_path / "h1.kmsg"
-    (tmp_path / "h1.kmsg.gpus.json").write_text(json.dumps(inject.gpu_map()))
-    me = SimpleNamespace(device_sources={}, nccl_topology=None, cfg=SimpleNamespace(device=SimpleNamespace(kmsg_path=str(k))))
-    assert Daemon._gpu_index(me, "0000:18:00.0") == 0
-    assert Daemon._gpu_index(me, "0000:19:00.0") == 1
-    assert Daemon._gpu_index(me, "0000:91:00.0") is None
-    me.cfg.device.kmsg_path = str(tmp_path / "other.kmsg")  # no map beside it
-    assert Daemon._gpu_index(me, "0000:18:00.0") is None
+    # the config the fabric writes for a host carries its GPU map; the daemon reads only that
+    desc = {"mode": "notify-only", "notice_key_file": str(tmp_path / "k"), "hold_down_ms": 300,
+            "hosts": [{"index": 0, "name": "h0", "host_ip": "198.19.0.1", "control_socket": str(tmp_path / "h0.sock"),
+                       "rails": []}]}
+    gpus = _host_config(desc, 0)["device"]["gpus"]
+    assert gpu_index("0000:18:00.0", overrides=gpus) == 0
+    assert gpu_index("0000:19:00.0", overrides=gpus) == 1
+    assert gpu_index("00000000:19:00.0", overrides=gpus) == 1  # NVML's 8-digit domain
+    assert gpu_index("0000:91:00.0", overrides=gpus) is None
+    assert gpu_index("0000:18:00.0") is None  # no map, no NVML, no topology
 
 
 @pytest.mark.parametrize("flag", ["--help", "-h"])

@@ -8,7 +8,7 @@ from __future__ import annotations
 from linkpass.adapters.kmsg import REPEAT_WINDOW_NS, KmsgFollower
 from linkpass.core.engine import Engine
 from linkpass.core.model import NotifyDeviceFault
-from linkpass.inject import xid_line
+from linkpass.lab.inject import xid_line
 
 from unit_helpers import S, make_cfg, snapshot
 

@@ -26,7 +26,7 @@ FORBIDDEN = {
     # layering inside linkpass: the core never reaches out to the edges
     "linkpass.adapters",
     "linkpass.daemon",
-    "linkpass.fabric",
+    "linkpass.lab",
     "linkpass.cli",
 }
 
@@ -158,3 +158,24 @@ def test_torch_hooks_torch_parts_do_not_reach_into_the_daemon(rel):
     bad = [f"{rel}:{line}: imports {mod}" for line, mod in imported_modules(ast.parse(src, rel))
            for f in ("linkpass", "asyncio", "pyroute2", "aiomqtt") if mod == f or mod.startswith(f + ".")]
     assert bad == []
+
+
+# The lab (emulated fabric, demos, inject, bench commands) is apart from the product: nothing
+# the daemon runs, and nothing the training hook loads, imports it.  Only the CLI registers the
+# lab's commands (imported when one of them runs).
+PKG = Path(linkpass.__file__).resolve().parent
+PRODUCT_FILES = sorted(p for p in PKG.rglob("*.py") if PKG / "lab" not in p.parents and PKG / "cli" not in p.parents) \
+    + sorted((TOPOLOGY.parent / "torch_hooks").rglob("*.py")) + sorted(TOPOLOGY.rglob("*.py"))
+
+
+@pytest.mark.parametrize("path", PRODUCT_FILES, ids=lambda p: str(p.relative_to(TOPOLOGY.parent)))
+def test_product_never_imports_the_lab(path):
+    rel = str(path.relative_to(TOPOLOGY.parent))
+    bad = [f"{rel}:{line}: imports {mod}" for line, mod in imported_modules(ast.parse(path.read_text(encoding="utf-8"), rel))
+           if mod == "linkpass.lab" or mod.startswith("linkpass.lab.")]
+    assert bad == []
+
+
+def test_the_lab_is_where_the_guide_says():
+    assert {p.name for p in (PKG / "lab").iterdir()} >= {"fabric", "demo.py", "demo_train.py", "inject.py", "benchcmd.py"}
+    assert not any((PKG / n).exists() for n in ("fabric", "demo.py", "demo_train.py", "inject.py", "benchcmd.py"))

@@ -44,7 +44,7 @@ def test_adopters_sections_come_first():
 
 
 SOURCES = ["README.md", "bench/README.md", "deploy/k8s/training-pod-example.yaml", "examples/ddp_train.py",
-           "examples/fsdp2_train.py", "linkpass/nccl_cli.py"]
+           "examples/fsdp2_train.py", "linkpass/cli/nccl.py"]
 
 
 @pytest.mark.parametrize("name", SOURCES)

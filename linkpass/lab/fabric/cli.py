@@ -14,7 +14,7 @@ import json
 import sys
 from collections.abc import Callable
 
-from linkpass.fabric import fabric as F
+from linkpass.lab.fabric import fabric as F
 
 _FAULT_HELP = (
     "admin-down | carrier-loss | blackhole | loss:PCT (1..100, each direction) | "

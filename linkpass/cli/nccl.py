@@ -121,7 +121,7 @@ def _health(args, cfg, prog: str):
     if args.no_daemon:
         return None, None
     from linkpass.config import DEFAULT_CONTROL_SOCKET
-    from linkpass.fabric.cluster import ask_socket
+    from linkpass.lab.fabric.cluster import ask_socket
 
     path = args.socket or (cfg.daemon.control_socket if cfg else DEFAULT_CONTROL_SOCKET)
     try:
@@ -350,7 +350,7 @@ def register(subparsers) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Stand-alone entry (``python -m linkpass.nccl_cli nccl-env ...``), same as ``linkpass``."""
+    """Stand-alone entry (``python -m linkpass.cli.nccl nccl-env ...``), same as ``linkpass``."""
     p = argparse.ArgumentParser(prog="linkpass")
     register(p.add_subparsers(dest="command", required=True))
     args = p.parse_args(argv)

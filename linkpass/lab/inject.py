@@ -7,14 +7,14 @@
 appends one kmsg-style record (``prio,seq,usec,flags;message``, what ``/dev/kmsg`` yields) with
 an NVRM Xid line for that host's GPU to the host's kernel-log file on the emulated fabric
 (``<state_dir>/h<I>.kmsg``, which the host's daemon follows: ``[device] kmsg_path`` in its
-config, see :func:`linkpass.fabric.fabric._host_config`).  The daemon classifies it (Xid 79
+config, see :func:`linkpass.lab.fabric.fabric._host_config`).  The daemon classifies it (Xid 79
 -> domain gpu, action migrate-rank) and sends ``device_fault`` to the hook clients on that GPU.
 
 The fabric has no GPUs: emulated GPU ``G`` of every emulated host has the PCI bus id
 :func:`fake_pci_bus_id` ``(G)`` = ``0000:<0x18+G>:00.0`` (GPU 0 -> ``0000:18:00.0``, GPU 1 ->
 ``0000:19:00.0``...; the same on every host, as on identical real nodes).  ``fabric up``
-writes that mapping beside each host's kernel log (``h<I>.kmsg.gpus.json``, bus id -> index),
-and the daemon uses it to map an incident's PCI id to the GPU index hooks register (``gpu``).
+writes that mapping into each host's daemon config (``[device] gpus``, bus id -> index), and the
+daemon uses it to map an incident's PCI id to the GPU index hooks register (``gpu``).
 
 ``--help`` (``-h``) after ``device-fault`` prints its options (exit 0).
 
@@ -31,8 +31,8 @@ import os
 import sys
 import time
 
-#: emulated GPUs per host (index range of --gpu)
-MAX_GPUS = 8
+from linkpass.lab.fabric.gpus import MAX_GPUS, fake_pci_bus_id, gpu_map  # noqa: F401 (part of this module's API)
+
 _XID_TEXT = {79: "GPU has fallen off the bus.", 48: "An uncorrectable double bit error (DBE) has been detected on GPU in the framebuffer at partition 0, subpartition 0.",
              94: "Contained: CE User Channel (0x9). RST: No, D-RST: No", 95: "Uncontained: LTC TAG (0x2,0x1). RST: Yes, D-RST: No",
              119: "Timeout after 6s of waiting for RPC response from GPU0 GSP! Expected function 76 (GSP_RM_CONTROL)."}
@@ -40,16 +40,6 @@ _XID_TEXT = {79: "GPU has fallen off the bus.", 48: "An uncorrectable double bit
 
 class InjectError(Exception):
     """Bad input; the message is the one line printed."""
-
-
-def fake_pci_bus_id(gpu: int) -> str:
-    """PCI bus id of emulated GPU ``gpu`` (0-based) on any emulated host."""
-    return f"0000:{0x18 + gpu:02x}:00.0"
-
-
-def gpu_map(n: int = MAX_GPUS) -> dict[str, int]:
-    """bus id -> GPU index for the emulated GPUs of one host."""
-    return {fake_pci_bus_id(g): g for g in range(n)}
 
 
 def xid_line(gpu: int, xid: int, pid: int = 0) -> str:
@@ -72,7 +62,7 @@ def _int(name: str, text, lo: int, hi: int) -> int:
 
 def inject_device_fault(name: str, host: int, gpu: int, xid: int) -> dict:
     """Append the Xid record to host ``host``'s kernel log on fabric ``name``."""
-    from linkpass import fabric as fab
+    from linkpass.lab import fabric as fab
 
     try:
         desc = fab.load(name)

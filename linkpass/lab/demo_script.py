@@ -39,8 +39,8 @@ import sys
 import time
 from pathlib import Path
 
-from linkpass import fabric as fab
-from linkpass.demo import DemoError, RebuildDemo
+from linkpass.lab import fabric as fab
+from linkpass.lab.demo import DemoError, RebuildDemo
 
 SCENARIOS = ("rail", "rail-latched", "device-fault")
 DEFAULT_SCRIPT = Path(__file__).resolve().parent.parent / "examples" / "ddp_train.py"
@@ -191,7 +191,7 @@ class ScriptDemo(RebuildDemo):
             raise DemoError(f"the script is too short: the spares were up only at step {step_at_fault} of {steps}; give it "
                             "more work with --script-args (more samples or epochs)", 2)
         if self.scenario == "device-fault":
-            from linkpass.inject import inject_device_fault
+            from linkpass.lab.inject import inject_device_fault
 
             inj = inject_device_fault(self.name, fault_host, 0, 79)
             t_fault = inj.get("t_issued_ns") or time.monotonic_ns()

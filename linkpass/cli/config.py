@@ -416,7 +416,7 @@ def register(subparsers) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Stand-alone entry (``python -m linkpass.config_cli config check FILE``), same as ``linkpass``."""
+    """Stand-alone entry (``python -m linkpass.cli.config config check FILE``), same as ``linkpass``."""
     p = argparse.ArgumentParser(prog="linkpass")
     register(p.add_subparsers(dest="command", required=True))
     args = p.parse_args(argv)

@@ -46,7 +46,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from linkpass.fabric._ns import (
+from linkpass.lab.fabric.gpus import gpu_map
+from linkpass.lab.fabric._ns import (
     NsError,
     get_flags,
     ip_batch,
@@ -57,7 +58,7 @@ from linkpass.fabric._ns import (
     write_sysctls,
 )
 
-SCHEMA = "linkpass.fabric/v1"
+SCHEMA = "linkpass.lab.fabric/v1"
 STATE_ROOT = "/run/linkpass/fabric"
 MODES = ("host-ip", "per-rail-ip")
 MAX_HOSTS = 250
@@ -71,7 +72,7 @@ FAULT_SYNTAX = (
     f"COUNT integer {FLAP_COUNT_RANGE[0]}..{FLAP_COUNT_RANGE[1]})"
 )
 _NAME_RE = re.compile(r"^[a-z][a-z0-9]{0,11}$")
-_HELPER_MODULE = "linkpass.fabric.flap"
+_HELPER_MODULE = "linkpass.lab.fabric.flap"
 _FLAP_READY_TIMEOUT_S = 5.0
 _HELPER_STOP_TIMEOUT_S = 2.0
 
@@ -296,7 +297,10 @@ def _host_config(desc: dict, i: int) -> dict:
         # the emulated hosts share the machine's kernel log: each follows a file of its own
         # instead (a kernel-log line written there is that host's evidence), state kept beside it
         "device": {"kmsg_path": os.path.join(os.path.dirname(h["control_socket"]), f"h{i}.kmsg"),
-                   "state_dir": os.path.dirname(h["control_socket"])},
+                   "state_dir": os.path.dirname(h["control_socket"]),
+                   # its emulated GPUs (no NVML here): PCI bus id -> index, so the daemon can tell
+                   # which hook client a kernel-log Xid concerns (linkpass.lab.fabric.gpus)
+                   "gpus": gpu_map()},
         "peers": [
             {
                 "name": p["name"],
@@ -371,14 +375,8 @@ def _build(desc: dict) -> None:
     fab = desc["fabric_netns"]
     os.makedirs(desc["state_dir"], mode=0o755, exist_ok=True)
     _write_notice_key(desc["notice_key_file"])
-    from linkpass.inject import gpu_map
-
     for i in range(len(desc["hosts"])):  # each emulated host's kernel log (see _host_config)
         open(os.path.join(desc["state_dir"], f"h{i}.kmsg"), "a").close()
-        # its emulated GPUs: PCI bus id -> index (linkpass.inject.fake_pci_bus_id), read by the
-        # daemon to tell which hook client a kernel-log Xid concerns
-        with open(os.path.join(desc["state_dir"], f"h{i}.kmsg.gpus.json"), "w") as f:
-            json.dump(gpu_map(), f)
     _create_netns(desc["netns"])
     # Defaults first, so every interface created afterwards inherits them.
     write_sysctls(fab, _no_ipv6())
@@ -506,7 +504,7 @@ def up_report(
 
     Returns:
         ``(desc, existed)``: the description dict (also in ``fabric.json``), schema
-        ``linkpass.fabric/v1``, and True when a ready fabric was found and nothing was built.
+        ``linkpass.lab.fabric/v1``, and True when a ready fabric was found and nothing was built.
 
     If a complete fabric of that name and shape already exists, its description is returned and
     nothing in the kernel changes (if ``mode`` or ``hold_down_ms`` differ, only the daemon configs

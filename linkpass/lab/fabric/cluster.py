@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from linkpass.fabric import fabric as fab
+from linkpass.lab.fabric import fabric as fab
 
 
 class ClusterError(Exception):

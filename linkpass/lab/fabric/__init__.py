@@ -1,9 +1,9 @@
 """The emulated multi-host, multi-rail fabric (`linkpass fabric`): netns + veth + bridges + nftables.
 
-See :mod:`linkpass.fabric.fabric` for the layout, addressing and fault modes.
+See :mod:`linkpass.lab.fabric.fabric` for the layout, addressing and fault modes.
 """
 
-from linkpass.fabric.fabric import (
+from linkpass.lab.fabric.fabric import (
     MODES,
     SCHEMA,
     STATE_ROOT,

@@ -1,8 +1,8 @@
 """Flap helper: toggles one switch-side port of the emulated fabric, then leaves it up.
 
-Started detached by :func:`linkpass.fabric.cut` with mode ``flap:PERIOD_MS:COUNT``::
+Started detached by :func:`linkpass.lab.fabric.cut` with mode ``flap:PERIOD_MS:COUNT``::
 
-    python -m linkpass.fabric.flap --netns lp-fab --port h0r1 --period-ms 200 --count 3 [--ready-fd N]
+    python -m linkpass.lab.fabric.flap --netns lp-fab --port h0r1 --period-ms 200 --count 3 [--ready-fd N]
 
 Each cycle sets the port down for PERIOD_MS/2, then up for PERIOD_MS/2, on a fixed schedule
 (no drift).  After COUNT cycles the port is up and the process exits 0.  On SIGTERM it sets the
@@ -18,7 +18,7 @@ import signal
 import sys
 import time
 
-from linkpass.fabric._ns import NsError, get_flags, ns_socket, set_up
+from linkpass.lab.fabric._ns import NsError, get_flags, ns_socket, set_up
 
 
 class _Stop(Exception):
@@ -30,7 +30,7 @@ def _on_term(signum, frame):  # noqa: ARG001
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m linkpass.fabric.flap", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m linkpass.lab.fabric.flap", description=__doc__.splitlines()[0])
     ap.add_argument("--netns", required=True)
     ap.add_argument("--port", required=True)
     ap.add_argument("--period-ms", type=int, required=True)

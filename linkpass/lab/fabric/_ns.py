@@ -1,6 +1,6 @@
 """Low-level helpers for the emulated fabric: entering a network namespace, link flags, sysctls.
 
-Kept free of heavy imports so that the flap helper process (``python -m linkpass.fabric.flap``)
+Kept free of heavy imports so that the flap helper process (``python -m linkpass.lab.fabric.flap``)
 starts in a few tens of milliseconds.
 
 Network namespaces are entered per *thread* with ``setns(2)`` (through ctypes: Python 3.11 has no

@@ -2,7 +2,7 @@
 
     linkpass run --config FILE            run the daemon (foreground)
     linkpass status [--config FILE | --socket PATH] [--json]
-    linkpass fabric up|down|cut|heal|show  the emulated fabric (see linkpass.fabric)
+    linkpass fabric up|down|cut|heal|show  the emulated fabric (see linkpass.lab.fabric)
     linkpass demo [--hosts 2] [--rails 2] [--steps N] [--json FILE]
     linkpass demo --scenario rail|rail-latched|device-fault [--script FILE] [--script-args ARGS] [--hosts H] [--json FILE]
     linkpass topology [--sysfs-root DIR] [--from FILE ...] [--json] [--matrix]
@@ -195,7 +195,7 @@ def _print_status(st: dict) -> None:
 
 
 def cmd_demo(args) -> int:
-    from linkpass.demo import DemoError, main as demo_main
+    from linkpass.lab.demo import DemoError, main as demo_main
 
     try:
         return demo_main(args)
@@ -232,7 +232,7 @@ def build_parser() -> argparse.ArgumentParser:
         g.add_argument("--socket", help="control socket path (default /run/linkpass/linkpass.sock)")
         dr.set_defaults(func=cmd_drain)
 
-    from linkpass.fabric.cli import register as register_fabric
+    from linkpass.lab.fabric.cli import register as register_fabric
 
     register_fabric(sub)
 
@@ -240,27 +240,27 @@ def build_parser() -> argparse.ArgumentParser:
 
     register_topology(sub)
 
-    from linkpass.benchcmd import register as register_bench
+    from linkpass.lab.benchcmd import register as register_bench
 
     register_bench(sub)
 
-    from linkpass.nccl_cli import register as register_nccl
+    from linkpass.cli.nccl import register as register_nccl
 
     register_nccl(sub)
 
-    from linkpass.classify_cli import register as register_classify
+    from linkpass.cli.classify import register as register_classify
 
     register_classify(sub)
 
-    from linkpass.inject import register as register_inject
+    from linkpass.lab.inject import register as register_inject
 
     register_inject(sub)
 
-    from linkpass.alerts_cli import register as register_alerts
+    from linkpass.cli.alerts import register as register_alerts
 
     register_alerts(sub)
 
-    from linkpass.config_cli import register as register_config
+    from linkpass.cli.config import register as register_config
 
     register_config(sub)
 
@@ -277,7 +277,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "under linkpass exec + torchrun and no route changes (reroute = notify-only): rail (the hook rebuilds "
                    "the process groups on another rail), rail-latched (gloo latched as NCCL is: a warm spare takes the cut "
                    "rank), device-fault (Xid 79 on one rank's GPU: a warm spare takes the rank). rebuild / "
-                   "guard-device-fault: the same with the explicit LinkPassGuard API (linkpass.demo_train)")
+                   "guard-device-fault: the same with the explicit LinkPassGuard API (linkpass.lab.demo_train)")
     d.add_argument("--script", metavar="FILE", help="the training script for rail / rail-latched / device-fault "
                    "(default examples/ddp_train.py); run unchanged, one worker per host")
     d.add_argument("--script-args", metavar="ARGS", default=None,

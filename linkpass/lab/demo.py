@@ -3,7 +3,7 @@
 Steps:
 
 1. bring up the emulated fabric (``linkpass fabric up``), one daemon per host;
-2. run the training job (:mod:`linkpass.demo_train`, gloo over the host IPs) once without
+2. run the training job (:mod:`linkpass.lab.demo_train`, gloo over the host IPs) once without
    faults: the reference weights;
 3. run it again; while it trains, read the rail netdevs' byte counters on the faulty host to
    find the rail carrying the job's traffic, cut THAT rail (``carrier-loss`` by default), let
@@ -36,8 +36,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from linkpass import fabric as fab
-from linkpass.fabric.cluster import Cluster, ClusterError, ask_socket
+from linkpass.lab import fabric as fab
+from linkpass.lab.fabric.cluster import Cluster, ClusterError, ask_socket
 
 
 class DemoError(Exception):
@@ -126,7 +126,7 @@ class Demo:
             logf = open(self.workdir / f"{tag}-rank{h['index']}.log", "w")
             self.jobs.append(subprocess.Popen(
                 fab.netns_exec(self.name, h["index"]) + [
-                    sys.executable, "-m", "linkpass.demo_train", "--rank", str(h["index"]), "--world-size", str(self.hosts),
+                    sys.executable, "-m", "linkpass.lab.demo_train", "--rank", str(h["index"]), "--world-size", str(self.hosts),
                     "--master-addr", master, "--master-port", str(port), "--iface", h["host_netdev"], "--steps", str(self.steps),
                     "--out", str(out), "--progress", str(prog)],
                 stdout=logf, stderr=subprocess.STDOUT, start_new_session=True))
@@ -319,7 +319,7 @@ def main(args) -> int:
         if not parent.is_dir() or not os.access(parent, os.W_OK):
             raise DemoError(f"--json {args.json}: directory {parent} does not exist or is not writable", 2)
     scenario = getattr(args, "scenario", "reroute")
-    from linkpass import demo_script
+    from linkpass.lab import demo_script
 
     if scenario not in ("reroute", "rebuild", "guard-device-fault") + demo_script.SCENARIOS:
         raise DemoError("--scenario must be reroute (kernel routes), rail, rail-latched or device-fault (an unmodified "
@@ -446,7 +446,7 @@ class RebuildDemo(Demo):
             logf = open(self.workdir / f"{tag}-rank{h['index']}.log", "w")
             self.jobs.append(subprocess.Popen(
                 fab.netns_exec(self.name, h["index"]) + [
-                    sys.executable, "-m", "linkpass.demo_train", "--rank", str(h["index"]), "--world-size", str(self.hosts),
+                    sys.executable, "-m", "linkpass.lab.demo_train", "--rank", str(h["index"]), "--world-size", str(self.hosts),
                     "--master-addr", store_addr, "--master-port", str(port), "--steps", str(self.steps),
                     "--hook", "--rail-ifaces", ifaces, "--rail", str(self.PG_RAIL),
                     "--hooks-socket", default_socket_path(h["control_socket"]),
@@ -554,7 +554,7 @@ class DeviceFaultDemo(RebuildDemo):
     rank over (rank migration, :mod:`torch_hooks.spare`).
 
     Same fabric and daemons as ``--scenario rebuild`` (per-rail IPs, notify-only).  Each host
-    runs one rank on its GPU 0 and one hot spare (GPU 1 of that host, :func:`linkpass.inject.fake_pci_bus_id`).
+    runs one rank on its GPU 0 and one hot spare (GPU 1 of that host, :func:`linkpass.lab.inject.fake_pci_bus_id`).
     At 30 % of the run ``linkpass inject device-fault --host <last> --gpu 0 --xid 79`` appends
     an Xid 79 record to that host's kernel log; its daemon classifies it (gpu, migrate-rank),
     maps the PCI id to GPU 0 and sends ``device_fault`` to the hook on GPU 0; that rank hands
@@ -605,7 +605,7 @@ class DeviceFaultDemo(RebuildDemo):
                 extra = ["--rank", str(h["index"]), "--gpu", "0"] if k == 0 else ["--rank", "0", "--gpu", str(k), "--spare",
                                                                                "--spare-wait-s", "300"]
                 logf = open(self.workdir / f"{tag}-{tagk}.log", "w")
-                p = subprocess.Popen(fab.netns_exec(self.name, h["index"]) + [sys.executable, "-m", "linkpass.demo_train"]
+                p = subprocess.Popen(fab.netns_exec(self.name, h["index"]) + [sys.executable, "-m", "linkpass.lab.demo_train"]
                                      + extra + common + ["--out", str(out), "--progress", str(prog)],
                                      stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
                 (self.jobs if k == 0 else self.spare_jobs).append(p)
@@ -619,7 +619,7 @@ class DeviceFaultDemo(RebuildDemo):
         prog.unlink(missing_ok=True)
         logf = open(self.workdir / f"{tag}-store.log", "w")
         self.store_job = subprocess.Popen(fab.netns_exec(self.name, 0) + [
-            sys.executable, "-m", "linkpass.demo_train", "--store-only", "--rank", "0", "--world-size", str(self.hosts),
+            sys.executable, "-m", "linkpass.lab.demo_train", "--store-only", "--rank", "0", "--world-size", str(self.hosts),
             "--master-addr", addr, "--master-port", str(port), "--out", os.devnull, "--progress", str(prog)],
             stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + 60
@@ -642,7 +642,7 @@ class DeviceFaultDemo(RebuildDemo):
                     pass
 
     def run(self) -> dict:
-        from linkpass.inject import inject_device_fault
+        from linkpass.lab.inject import inject_device_fault
 
         self.start()
         self.log(f"reference run: {self.steps} steps, no fault, no spares")

@@ -2,7 +2,7 @@
 
 One process per host, started inside the host's network namespace by ``linkpass demo``::
 
-    python -m linkpass.demo_train --rank R --world-size W --master-addr 198.19.0.1 \
+    python -m linkpass.lab.demo_train --rank R --world-size W --master-addr 198.19.0.1 \
         --iface lp0 --steps 300 --out /run/.../rank0.json
 
 Traffic is bound to the host IP: ``GLOO_SOCKET_IFNAME`` names the interface holding it, so

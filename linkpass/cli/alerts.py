@@ -477,7 +477,7 @@ def cmd_tail(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run ``alerts`` on its own (``python -m linkpass.alerts_cli tail ...``)."""
+    """Run ``alerts`` on its own (``python -m linkpass.cli.alerts tail ...``)."""
     p = argparse.ArgumentParser(prog="linkpass")
     register(p.add_subparsers(dest="command", required=True))
     args = p.parse_args(["alerts", *(argv if argv is not None else sys.argv[1:])])
