@@ -16,7 +16,7 @@ from pathlib import Path
 
 def bench_dir() -> Path | None:
     """The repository's ``bench/`` directory (next to the ``linkpass`` package), or None."""
-    d = Path(__file__).resolve().parent.parent / "bench"
+    d = Path(__file__).resolve().parents[2] / "bench"
     return d if (d / "detect_bfd.py").is_file() and (d / "_cluster.py").is_file() else None
 
 
@@ -36,7 +36,7 @@ def cmd_detect(args) -> int:
     mod = _load("detect_bfd")
     if mod is None:
         print("linkpass bench: bench/ not found next to the linkpass package "
-              f"({Path(__file__).resolve().parent.parent}); the benchmarks need the source tree "
+              f"({Path(__file__).resolve().parents[1]}); the benchmarks need the source tree "
               "(run from a git checkout, e.g. `.venv/bin/linkpass bench detect` in the repository)", file=sys.stderr)
         return 2
     return mod.main(args=args)

@@ -43,7 +43,7 @@ from linkpass.lab import fabric as fab
 from linkpass.lab.demo import DemoError, RebuildDemo
 
 SCENARIOS = ("rail", "rail-latched", "device-fault")
-DEFAULT_SCRIPT = Path(__file__).resolve().parent.parent / "examples" / "ddp_train.py"
+DEFAULT_SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "ddp_train.py"
 #: the default script's arguments: about 800 steps of a few ms each per rank
 DEFAULT_SCRIPT_ARGS = "--epochs 3 --samples 16384 --batch-size 32 --snapshot snapshot.pt"
 

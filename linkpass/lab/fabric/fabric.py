@@ -846,7 +846,7 @@ def _heal_one(desc: dict, fault: dict) -> tuple[int, int]:
 def _start_flap(desc: dict, host: int, rail: int, period_ms: int, count: int) -> tuple[int, int, int]:
     port = _port_name(host, rail)
     log_path = os.path.join(desc["state_dir"], f"flap-{port}.log")
-    pkg_root = str(Path(__file__).resolve().parents[2])
+    pkg_root = str(Path(__file__).resolve().parents[3])  # the tree holding the linkpass package
     env = dict(os.environ)
     env["PYTHONPATH"] = pkg_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     r, w = os.pipe()
