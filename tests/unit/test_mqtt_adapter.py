@@ -9,10 +9,10 @@ import os
 
 import pytest
 
+from linkpass.config import MqttSection, parse_config, policy_from_config
 from linkpass.adapters import mqtt
 from linkpass.adapters.mqtt import AlertMapper, MqttPublisher, MqttSetupError, compact_state, topic_prefix
 from linkpass.adapters.outbox import Outbox
-from linkpass.config import MqttSection, parse_config
 from linkpass.core.model import HistoryEntry
 
 RAILS = {0: "rail0", 1: "rail1"}
@@ -105,7 +105,7 @@ def test_compact_state_from_engine_status():
     from linkpass.core.engine import Engine
     cfg = parse_config('[daemon]\nhost = "h0"\nhost_ip = "198.19.0.1"\n[[rails]]\nid = 0\nnetdev = "rail0"\n'
                        '[[peers]]\nname = "h1"\nhost_ip = "198.19.0.2"\nrail_ips = { "0" = "198.18.0.2" }\n')
-    st = compact_state(Engine(cfg).status(0))
+    st = compact_state(Engine(policy_from_config(cfg)).status(0))
     assert st["generation"] == 0 and st["rails"][0]["id"] == 0 and st["rails"][0]["suppressed"] is False
     assert st["peers"] == [{"name": "h1", "usable_rails": None}]
     assert set(st) == {"generation", "applied_generation", "mode", "rails", "peers", "incident_counts"}
