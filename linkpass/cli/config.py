@@ -284,8 +284,8 @@ def file_problems(cfg: Config, source: str) -> tuple[list[str], list[str]]:
     ``notice_key_file`` (the daemon runs with peer notices and probes off), lines of the peers
     file that the daemon skips, discovery's warnings, a ``peers_file`` that is not read (rails not "auto"), and with
     ``mqtt.enabled`` the broker password and TLS files, checked by the MQTT adapter's
-    :func:`~linkpass.adapters.mqtt.read_password_file` and
-    :func:`~linkpass.adapters.mqtt.build_tls_context` (the daemon logs those and runs without
+    :func:`~linkpass.adapters.mqtt_credentials.read_password_file` and
+    :func:`~linkpass.adapters.mqtt_credentials.build_tls_context` (the daemon logs those and runs without
     alerts).
 
     Args:
@@ -328,7 +328,7 @@ def file_problems(cfg: Config, source: str) -> tuple[list[str], list[str]]:
         warnings.append(f"{source}: warning: topology.peers_file: not read: peers come from [[peers]] unless "
                         '[topology] rails = "auto"')
     if cfg.mqtt.enabled:
-        from linkpass.adapters.mqtt import MqttSetupError, build_tls_context, read_password_file
+        from linkpass.adapters.mqtt_credentials import MqttSetupError, build_tls_context, read_password_file
 
         checks = [functools.partial(read_password_file, cfg.mqtt.password_file)] if cfg.mqtt.password_file else []
         checks.append(functools.partial(build_tls_context, cfg.mqtt))

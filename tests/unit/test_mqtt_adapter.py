@@ -88,11 +88,13 @@ def test_other_kinds():
 
 def test_hook_reports():
     m = _m()
-    a = m.from_report({"event": "rebuilt", "t_ns": 9, "client_id": 1, "job": "j", "rank": 3, "pid": 77, "epoch": 2, "rail_from": 0})
+    a = m.from_report({"event": "rebuilt", "t_ns": 9, "client_id": 1, "job": "j", "rank": 3, "pid": 77, "epoch": 2, "rail_from": 0}, 50)
     assert (a.event, a.fields["report"], a.fields["rank"], a.fields["detail"]) == ("rebuild", "rebuilt", 3, {"epoch": 2, "rail_from": 0})
-    assert m.from_report({"event": "migrating", "job": "j", "rank": 0, "spare": 1}).event == "migration"
-    assert m.from_report({"event": "ignored", "job": "j", "rank": 0}) is None
-    big = m.from_report({"event": "unmovable", "job": "j", "rank": 0, "reason": "x" * 10000})
+    assert a.t_mono_ns == 9  # the report's own time
+    mig = m.from_report({"event": "migrating", "job": "j", "rank": 0, "spare": 1}, 50)
+    assert mig.event == "migration" and mig.t_mono_ns == 50  # no t_ns in the report: now
+    assert m.from_report({"event": "ignored", "job": "j", "rank": 0}, 50) is None
+    big = m.from_report({"event": "unmovable", "job": "j", "rank": 0, "reason": "x" * 10000}, 50)
     assert big.fields["detail"] == {"truncated": True}
 
 
