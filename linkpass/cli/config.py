@@ -58,7 +58,7 @@ _BARE_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*$")
 _HEAD_EXAMPLE = """\
 # linkpass configuration example: every option, under its description, with its default.
 #
-# Generated from the schema in linkpass/config.py by
+# Generated from the schema in linkpass/config/schema.py by
 #     linkpass config show --defaults --example > deploy/linkpass.toml.example
 # (`make example-config`); a test checks that this file matches the schema. Do not edit it by
 # hand: change the schema's descriptions, defaults and examples instead.
@@ -198,7 +198,7 @@ class _Renderer:
         required = f.is_required()
         default = None if required else f.get_default(call_default_factory=True)
         if required and not examples:
-            raise ValueError(f"{where}: has no default and no examples=[...] in linkpass/config.py, "
+            raise ValueError(f"{where}: has no default and no examples=[...] in linkpass/config/schema.py, "
                              "so the example config cannot show it")
         if self.comments:
             self._blank()
