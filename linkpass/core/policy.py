@@ -11,7 +11,7 @@ so the two can never disagree.  Addresses are dotted-quad strings (``"198.18.0.1
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Literal
 
@@ -33,7 +33,7 @@ class PeerPolicy:
 
     name: str
     host_ip: str | None
-    rail_ips: Mapping[int, str] = field(default_factory=dict)
+    rail_ips: Mapping[int, str]
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "rail_ips", MappingProxyType(dict(self.rail_ips)))
