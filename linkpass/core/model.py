@@ -11,6 +11,8 @@ from functools import cached_property
 from collections.abc import Mapping
 from typing import Any, Union
 
+from linkpass.core.policy import EnginePolicy
+
 # --------------------------------------------------------------------------- link facts
 
 
@@ -244,7 +246,7 @@ class ConfigReloaded:
         t_ns: monotonic ns of the reload.
     """
 
-    policy: Any
+    policy: EnginePolicy
     nccl: Any = None
     t_ns: int = 0
 
