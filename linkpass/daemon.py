@@ -45,11 +45,10 @@ from linkpass.adapters.metrics import DaemonMetrics, MetricsError
 from linkpass.adapters.nccl_file import NcclEnvFile
 from linkpass.adapters.netlink import NetlinkMonitor
 from linkpass.adapters.notices import NoticeService
-from linkpass.adapters.probe_filter import ProbeFilter
 from linkpass.adapters.prober import Prober
 from linkpass.adapters.routes import RouteActuator
 from linkpass.adapters.sdnotify import SdNotifier, ServiceNotifier
-from linkpass.config import Config, ConfigError, load_config, notice_key
+from linkpass.config import Config, ConfigError, load_config, notice_key, policy_from_config, probe_policy
 from linkpass.core.engine import Engine
 from linkpass.core.model import (
     ApplyRoutes,
@@ -70,6 +69,7 @@ from linkpass.core.model import (
     Tick,
     WriteNcclEnv,
 )
+from linkpass.core.probe_filter import ProbeFilter
 
 log = logging.getLogger("linkpass.daemon")
 
@@ -194,14 +194,14 @@ class Daemon:
         self.cfg = cfg
         self.nccl_file = NcclEnvFile(cfg, self.nccl_topology)
         self.queue: asyncio.Queue = asyncio.Queue()
-        self.engine = Engine(cfg, self.nccl_file.context)
+        self.engine = Engine(policy_from_config(cfg), self.nccl_file.context)
         self.key = notice_key(cfg, config_path)  # the same check as `linkpass config check`
         if self.key is None:
             log.warning("no notice_key_file configured: peer notices are disabled")
         self.monitor = NetlinkMonitor(self.queue.put_nowait, self._route_filter, cfg.daemon.netlink_rcvbuf_bytes)
         self.routes = RouteActuator(self.queue.put_nowait, cfg.daemon.route_protocol, cfg.daemon.route_table)
         self.notices = NoticeService(cfg, self.key, self.queue.put_nowait) if self.key else None
-        self.probe_filter = ProbeFilter(cfg, self.queue.put_nowait)
+        self.probe_filter = ProbeFilter(probe_policy(cfg.probe), self.queue.put_nowait)
         self.prober = Prober(cfg, self.key, self.probe_filter) if (self.key and cfg.probe.enabled) else None
         if cfg.probe.enabled and not self.key:
             log.warning("probing needs notice_key_file (probes are authenticated with it): probes are disabled")
@@ -653,7 +653,7 @@ class Daemon:
             self.notices.reconfigure(cfg, key)
         if self.prober and key:
             self.prober.reconfigure(cfg, key)
-        self.probe_filter.reconfigure(cfg)
+        self.probe_filter.reconfigure(probe_policy(cfg.probe))
         if self.hooks:
             self.hooks.reconfigure(cfg.daemon.host, [p.name for p in cfg.peers])
         logging.getLogger("linkpass").setLevel(cfg.daemon.log_level.upper())
@@ -661,7 +661,7 @@ class Daemon:
         log.info("config reloaded from %s", self.config_path)
         self.nccl_file.reconfigure(cfg, self.nccl_topology if self.source_cfg.auto else None)
         now = time.monotonic_ns()
-        self._step(ConfigReloaded(cfg, self.nccl_file.context, now))
+        self._step(ConfigReloaded(policy_from_config(cfg), self.nccl_file.context, now))
 
     # ------------------------------------------------------------------ run
 

@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from linkpass.core.model import HookPlan
+from linkpass.core.pending import PENDING_FAULT_TTL_NS, PENDING_FAULTS_PER_GPU, PendingFaults  # noqa: F401  (re-exported)
 from torch_hooks import protocol as proto
 
 log = logging.getLogger("linkpass.hooks")
@@ -52,20 +53,15 @@ _LOUD_ERRORS = 5           # errors per client logged at WARNING; later ones at 
 _READ_CHUNK = 65536
 #: Fields of a kept report that the server fills in; a client's own values for them are dropped.
 _SERVER_FIELDS = frozenset({"t_ns", "client_id", "job", "rank", "pid"})
-#: How long a device fault that reached no hook client is kept for a client that registers on
-#: its GPU later (e.g. the daemon restarted and read the fault before the trainer's client
-#: reconnected): 120 s covers a client's reconnect backoff several times over, and a fault older
-#: than that is stale (the rank has died or moved by other means).
-PENDING_FAULT_TTL_NS = 120 * 1_000_000_000
-#: Undelivered device faults kept per GPU (the oldest is dropped beyond this).
-PENDING_FAULTS_PER_GPU = 8
 
 
 @dataclass
 class _PendingFault:
+    """A ``device_fault`` message kept for GPU ``gpu`` (:class:`~linkpass.core.pending.PendingFaults`
+    decides how long and how many)."""
+
     msg: dict
     gpu: int
-    kept_ns: int
     on_delivered: Callable[[int], None] | None = None
 
 
@@ -150,7 +146,7 @@ class HookServer:
         self._next_id = 1
         self._server: asyncio.AbstractServer | None = None
         self._priority: tuple[str, ...] = ()
-        self.pending_faults: dict[int, list[_PendingFault]] = {}  # GPU index -> faults no client got yet
+        self._pending: PendingFaults[_PendingFault] = PendingFaults()  # faults no client got yet
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -247,39 +243,34 @@ class HookServer:
         if sent == 0:
             now = time.monotonic_ns()
             self._expire_pending(now)
-            kept = self.pending_faults.setdefault(gpu, [])
-            kept.append(_PendingFault(msg, gpu, now, on_delivered))
-            if len(kept) > PENDING_FAULTS_PER_GPU:
-                del kept[0]
-                self.counters["device_faults_expired"] += 1
+            self.counters["device_faults_expired"] += self._pending.keep(gpu, _PendingFault(msg, gpu, on_delivered), now)
             self.counters["device_faults_kept"] += 1
             log.warning("device fault %s on GPU %d: no hook client on that GPU now; kept for %d s for a client that registers on it",
                         incident.get("code"), gpu, PENDING_FAULT_TTL_NS // 1_000_000_000)
         return sent
 
+    @property
+    def pending_faults(self) -> dict[int, list[_PendingFault]]:
+        """GPU index -> the device faults kept for it, oldest first (a copy)."""
+        return {gpu: [k.item for k in ks] for gpu, ks in self._pending.by_gpu.items()}
+
     def _expire_pending(self, now_ns: int) -> None:
-        for gpu in list(self.pending_faults):
-            keep = [p for p in self.pending_faults[gpu] if now_ns - p.kept_ns < PENDING_FAULT_TTL_NS]
-            gone = len(self.pending_faults[gpu]) - len(keep)
-            if gone:
-                self.counters["device_faults_expired"] += gone
-                log.warning("%d device fault(s) on GPU %d reached no hook client within %d s; dropped", gone, gpu,
-                            PENDING_FAULT_TTL_NS // 1_000_000_000)
-            if keep:
-                self.pending_faults[gpu] = keep
-            else:
-                del self.pending_faults[gpu]
+        for gpu, gone in self._pending.expire(now_ns).items():
+            self.counters["device_faults_expired"] += gone
+            log.warning("%d device fault(s) on GPU %d reached no hook client within %d s; dropped", gone, gpu,
+                        PENDING_FAULT_TTL_NS // 1_000_000_000)
 
     def _deliver_pending(self, c: _Client) -> None:
         """A client registered on a GPU: give it the faults kept for that GPU (then forgotten)."""
-        if c.reg is None or c.reg.gpu is None or not self.pending_faults:
+        if c.reg is None or c.reg.gpu is None or not self._pending:
             return
         self._expire_pending(time.monotonic_ns())
-        for p in self.pending_faults.pop(c.reg.gpu, []):
+        for k in self._pending.take(c.reg.gpu):
+            p = k.item
             self._send(c, p.msg)
             self.counters["device_faults_sent"] += 1
             self.counters["device_faults_delivered_late"] += 1
-            age = (time.monotonic_ns() - p.kept_ns) / 1e9
+            age = (time.monotonic_ns() - k.kept_ns) / 1e9
             log.warning("hook client %d (job %s rank %d) registered on GPU %d: delivered the device fault %s kept for %.1f s",
                         c.id, c.reg.job, c.reg.rank, c.reg.gpu, (p.msg.get("incident") or {}).get("code"), age)
             if p.on_delivered is not None:
@@ -472,9 +463,9 @@ class HookServer:
                 "last_report": c.last_report,
             } for c in self.clients.values()],
             "reports": list(self.reports)[-20:],
-            "pending_device_faults": [{"gpu": p.gpu, "code": (p.msg.get("incident") or {}).get("code"),
-                                       "device": (p.msg.get("incident") or {}).get("device"),
-                                       "age_s": round((now - p.kept_ns) / 1e9, 3)}
-                                      for ps in self.pending_faults.values() for p in ps],
+            "pending_device_faults": [{"gpu": k.item.gpu, "code": (k.item.msg.get("incident") or {}).get("code"),
+                                       "device": (k.item.msg.get("incident") or {}).get("device"),
+                                       "age_s": round((now - k.kept_ns) / 1e9, 3)}
+                                      for k in self._pending],
             "counters": dict(self.counters),
         }

@@ -28,39 +28,8 @@ An event's ``ts`` is when it happened (wall clock now minus the monotonic age of
 ``ts`` never decreases as ``seq`` grows: when the wall clock (or the age arithmetic) would go
 backwards, the event gets the previous event's ``ts`` (kept in the outbox, across restarts).
 
-Events: which engine history entries (:class:`linkpass.core.model.HistoryEntry`) and torch
-hook reports become events (:class:`AlertMapper`):
-
-=================================  ================  ========  ==================================
-source                             event             critical  fields
-=================================  ================  ========  ==================================
-rail -> DOWN / SUSPECT             ``fault``         yes       rail, netdev, old, new, reason
-rail -> HOLD_DOWN / UP (not from   ``recovery``      no        rail, netdev, old, new, reason
-UNKNOWN), DRAINED -> any
-rail -> DRAINED                    ``drain``         no        rail, netdev, old, new, reason
-degraded (probe loss)              ``degraded``      yes       rail, netdev, loss, samples
-recovered (probe loss gone)        ``recovery``      no        rail, netdev, old=DEGRADED, loss
-plan: our usable rails shrank      ``failover``      yes       generation, usable, lost, gained,
-(first plan: fewer than all)                                   reason, routes
-plan: usable rails grew            ``failback``      no        (same)
-plan: same rails, other routes     ``reroute``       no        (same)
-incident (classified device or     ``incident``      yes (no   domain, code, device, action,
-link fault)                                          for       remedy, summary, source, gpu,
-                                                     backlog)  rail, notified, follows, backlog
-damping (flapping rail suppressed) ``damping``       no        rail, netdev, damping {...}
-peer_rails (after the first)       ``peer_rails``    no        peer, usable, was, lost, gained
-routes_applied with errors         ``route_error``   yes       generation, errors, conflicts
-hook report rebuilt /              ``rebuild``       yes       report, job, rank, pid, detail
-rebuild_failed
-hook report migrating / joined /   ``migration``     yes       report, job, rank, pid, detail
-no_spare / unmovable
-=================================  ================  ========  ==================================
-
-Not events (noise, or visible in ``state``): ``link_dump``, ``path``, ``routes_applied``
-without errors, ``route_disturbed``, ``config_reloaded``, UNKNOWN -> UP at start, the first
-``peer_rails`` of a peer, other hook reports.  Every event also carries ``event``,
-``severity`` (``critical`` | ``info``), ``generation`` (the last plan generation seen) and
-``t_mono_ns`` (the daemon's monotonic clock at the event; for latency measurements).
+Events: which engine history entries and torch hook reports become events, and their fields:
+:mod:`linkpass.core.alerts`.
 
 Delivery (no alert lost): :meth:`MqttPublisher.on_entries` writes events to the outbox
 synchronously, inside the engine step, *before* anything is sent; the publisher task sends
@@ -88,18 +57,13 @@ A key or password file that others may read (any ``o`` permission bit) is refuse
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import random
 import socket
-import ssl
-import stat
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
 
 import aiomqtt
 from paho.mqtt.packettypes import PacketTypes
@@ -107,313 +71,43 @@ from paho.mqtt.properties import Properties
 
 from aiomqtt.exceptions import MqttConnectError
 
+# the names below that this module does not use itself are re-exported: callers and tests
+# reach the MQTT edge through this module
+from linkpass.adapters.mqtt_credentials import (  # noqa: F401
+    MAX_PASSWORD_FILE_BYTES,
+    MqttSetupError,
+    build_tls_context,
+    check_private_file,
+    read_password_file,
+)
+from linkpass.adapters.mqtt_payloads import (  # noqa: F401
+    EVENT_SCHEMA,
+    STATE_SCHEMA,
+    STATUS_SCHEMA,
+    TOPOLOGY_SCHEMA,
+    WILL_REASON,
+    broker_address,
+    compact_state,
+    dumps,
+    topic_prefix,
+    topology_of,
+    utc_ts,
+    utc_ts_us,
+)
 from linkpass.adapters.outbox import Outbox, OutboxError, OutboxRow
+from linkpass.core.alerts import EVENT_TYPES, Alert, AlertMapper  # noqa: F401
 
 log = logging.getLogger("linkpass.mqtt")
 
-EVENT_SCHEMA = "linkpass.event/v1"
-STATE_SCHEMA = "linkpass.state/v1"
-TOPOLOGY_SCHEMA = "linkpass.topology/v1"
-STATUS_SCHEMA = "linkpass.host-status/v1"
-#: ``reason`` of the last will (``status`` ``offline`` published by the broker on connection loss);
-#: a clean stop says ``"daemon stopped"``, a connect ``"connected"``
-WILL_REASON = "connection lost (last will)"
 #: events in flight (published, not yet acknowledged) at once (bench/mqtt_outbox.py: 32 to 100
 #: give the same throughput; 20 and fewer in lock-step batches fell to a few hundred a second)
 WINDOW = 64
-#: every ``event`` value (deploy/asyncapi.yaml lists the same; a unit test checks it)
-EVENT_TYPES = ("fault", "recovery", "drain", "degraded", "failover", "failback", "reroute", "incident", "damping",
-               "peer_rails", "route_error", "rebuild", "migration")
 #: history kinds that change what ``state`` shows (others, like ``path`` or ``link_dump``, do not)
 STATE_KINDS = frozenset({"rail", "plan", "routes_applied", "degraded", "recovered", "damping", "peer_rails", "incident",
                          "config_reloaded"})
 #: ``state`` is republished at most this often (it is rebuilt from the engine's status)
 STATE_MIN_INTERVAL_S = 0.5
-#: a hook report's detail larger than this (JSON bytes) is replaced by {"truncated": true}
-MAX_DETAIL_BYTES = 4096
 _CLOSE_TIMEOUT_S = 3.0
-
-
-class MqttSetupError(Exception):
-    """A file the connection needs is missing, unreadable, too open or invalid.  ``str(err)``
-    is one line naming the option and the file."""
-
-
-def topic_prefix(prefix: str, host: str) -> str:
-    """``prefix`` with ``{host}`` replaced and a trailing ``/``: ``"linkpass/v1/h0/"``."""
-    p = prefix.replace("{host}", host)
-    return p if p.endswith("/") else p + "/"
-
-
-def utc_ts(epoch_s: float | None = None) -> str:
-    """RFC 3339 UTC timestamp with microseconds: ``2026-11-29T21:50:16.266842Z``."""
-    t = datetime.fromtimestamp(time.time() if epoch_s is None else epoch_s, tz=timezone.utc)
-    return t.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
-
-
-def utc_ts_us(epoch_us: int) -> str:
-    """:func:`utc_ts` of an integer time in µs since the epoch (exact: no float rounding, so
-    a larger ``epoch_us`` never gives a smaller string)."""
-    return (_EPOCH + timedelta(microseconds=epoch_us)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-def broker_address(host: str, port: int) -> str:
-    """``host:port`` for messages, IPv6 literals in brackets (RFC 3986 section 3.2.2):
-    ``"[::1]:1883"``, ``"10.0.0.1:1883"``, ``"mqtt.example.net:8883"``."""
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
-def _dumps(doc: Mapping) -> bytes:
-    return json.dumps(doc, separators=(",", ":"), allow_nan=False, default=str).encode()
-
-
-# ---------------------------------------------------------------------------- files
-
-
-def check_private_file(path: str, option: str) -> os.stat_result:
-    """Check a secret file: exists, is a regular file, gives others no access.
-
-    Raises:
-        MqttSetupError: ``mqtt.<option> <path>: ...`` (one line).
-    """
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        raise MqttSetupError(f"mqtt.{option} {path}: no such file") from None
-    except OSError as e:
-        raise MqttSetupError(f"mqtt.{option} {path}: cannot stat: {e.strerror or e}") from None
-    if not stat.S_ISREG(st.st_mode):
-        raise MqttSetupError(f"mqtt.{option} {path}: not a regular file")
-    if st.st_mode & 0o007:
-        raise MqttSetupError(f"mqtt.{option} {path}: mode {st.st_mode & 0o777:04o} lets every user on this host read it; "
-                             f"refusing it (chmod o-rwx {path}, e.g. 0600)")
-    return st
-
-
-#: The largest broker password file read, in bytes.
-MAX_PASSWORD_FILE_BYTES = 64 * 1024
-
-
-def read_password_file(path: str) -> str:
-    """The broker password: the first line of ``path`` (trailing newline and spaces removed).
-
-    At most :data:`MAX_PASSWORD_FILE_BYTES` + 1 bytes are read.
-
-    Raises:
-        MqttSetupError: missing, readable by others, not a regular file, over
-            ``MAX_PASSWORD_FILE_BYTES`` bytes, unreadable, not UTF-8 or empty.
-    """
-    st = check_private_file(path, "password_file")
-    if st.st_size > MAX_PASSWORD_FILE_BYTES:
-        raise MqttSetupError(f"mqtt.password_file {path}: too large ({st.st_size} bytes; at most {MAX_PASSWORD_FILE_BYTES})")
-    try:
-        with open(path, "rb") as f:
-            data = f.read(MAX_PASSWORD_FILE_BYTES + 1)
-        if len(data) > MAX_PASSWORD_FILE_BYTES:  # grew after the stat
-            raise MqttSetupError(f"mqtt.password_file {path}: too large (over {MAX_PASSWORD_FILE_BYTES} bytes)")
-        pw = data.split(b"\n", 1)[0].decode("utf-8").rstrip("\r")
-    except (OSError, UnicodeDecodeError) as e:
-        raise MqttSetupError(f"mqtt.password_file {path}: cannot read: {getattr(e, 'strerror', None) or e}") from None
-    if not pw:
-        raise MqttSetupError(f"mqtt.password_file {path}: empty (the password is its first line)")
-    return pw
-
-
-def _readable(path: str, option: str) -> None:
-    try:
-        with open(path, "rb") as f:
-            f.read(1)
-    except FileNotFoundError:
-        raise MqttSetupError(f"mqtt.{option} {path}: no such file") from None
-    except IsADirectoryError:
-        raise MqttSetupError(f"mqtt.{option} {path}: is a directory") from None
-    except OSError as e:
-        raise MqttSetupError(f"mqtt.{option} {path}: cannot read: {e.strerror or e}") from None
-
-
-def build_tls_context(mc) -> ssl.SSLContext | None:
-    """The TLS context for ``[mqtt]`` (None when TLS is off).
-
-    Verifies the broker's certificate (against ``ca_file``, or the system's CAs) and its name;
-    loads the client certificate and key when ``cert_file`` is set.
-
-    Raises:
-        MqttSetupError: a file is missing, unreadable, not PEM, or the key is readable by others.
-    """
-    if not (mc.tls or mc.ca_file or mc.cert_file):
-        return None
-    if mc.ca_file:
-        _readable(mc.ca_file, "ca_file")
-    try:
-        ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=mc.ca_file or None)
-    except (ssl.SSLError, ValueError) as e:
-        raise MqttSetupError(f"mqtt.ca_file {mc.ca_file}: not usable CA certificates (PEM): {e}") from None
-    except OSError as e:
-        raise MqttSetupError(f"mqtt.ca_file {mc.ca_file}: cannot read: {e.strerror or e}") from None
-    if mc.cert_file:
-        _readable(mc.cert_file, "cert_file")
-        key = mc.key_file or mc.cert_file
-        if mc.key_file:
-            check_private_file(mc.key_file, "key_file")
-            _readable(mc.key_file, "key_file")
-        try:
-            ctx.load_cert_chain(mc.cert_file, mc.key_file or None)
-        except ssl.SSLError as e:
-            raise MqttSetupError(f"mqtt.cert_file {mc.cert_file} / key_file {key}: not a usable client certificate "
-                                 f"and private key (PEM, matching each other): {e.reason or e}") from None
-        except OSError as e:
-            raise MqttSetupError(f"mqtt.cert_file {mc.cert_file}: cannot load: {e.strerror or e}") from None
-    return ctx
-
-
-# ---------------------------------------------------------------------------- events
-
-
-@dataclass(frozen=True)
-class Alert:
-    """One event before it is numbered: its type, whether the overflow policy keeps it
-    longest, the type's own fields, and when it happened (monotonic ns)."""
-
-    event: str
-    critical: bool
-    fields: dict
-    t_mono_ns: int
-
-
-_BAD = frozenset({"DOWN", "SUSPECT"})
-_BACK = frozenset({"HOLD_DOWN", "UP"})
-_REBUILD_REPORTS = frozenset({"rebuilt", "rebuild_failed"})
-_MIGRATION_REPORTS = frozenset({"migrating", "joined", "no_spare", "unmovable"})
-
-
-class AlertMapper:
-    """Turns engine history entries and hook reports into :class:`Alert` items (pure: no I/O).
-
-    Args:
-        rails: rail id -> netdev, of this host (for ``netdev`` fields and the first plan).
-
-    The table of what maps to what is in the module docstring.
-    """
-
-    def __init__(self, rails: Mapping[int, str]):
-        self.rails = dict(rails)
-        self.generation = 0
-        self._usable: frozenset[int] | None = None
-
-    def reconfigure(self, rails: Mapping[int, str]) -> None:
-        """New rails after a config reload."""
-        self.rails = dict(rails)
-
-    def from_entry(self, kind: str, t_ns: int, d: Mapping) -> Alert | None:
-        """The alert for one history entry (``HistoryEntry.kind``, ``.t_ns``, ``.data``), or None."""
-        if kind == "rail":
-            old, new, rail = d.get("old"), d.get("new"), d.get("rail")
-            base = {"rail": rail, "netdev": self.rails.get(rail), "old": old, "new": new, "reason": d.get("reason", "")}
-            t = d.get("event_t_ns") if isinstance(d.get("event_t_ns"), int) else t_ns
-            if new == "DRAINED":
-                return Alert("drain", False, base, t)
-            if new in _BAD:
-                return Alert("fault", True, base, t)
-            if old == "UNKNOWN":
-                return None  # a rail seen for the first time (start-up): state, not news
-            if new in _BACK or old == "DRAINED":
-                return Alert("recovery", False, base, t)
-            return None
-        if kind == "degraded":
-            return Alert("degraded", True, {"rail": d.get("rail"), "netdev": self.rails.get(d.get("rail")),
-                                            "loss": d.get("loss"), "samples": d.get("samples")}, t_ns)
-        if kind == "recovered":
-            loss = d.get("loss")
-            shown = f"{100 * loss:.1f}%" if isinstance(loss, (int, float)) else str(loss)
-            return Alert("recovery", False, {"rail": d.get("rail"), "netdev": self.rails.get(d.get("rail")), "old": "DEGRADED",
-                                             "new": None, "reason": f"probe loss down to {shown} over {d.get('samples')} probes",
-                                             "loss": d.get("loss"), "samples": d.get("samples")}, t_ns)
-        if kind == "plan":
-            gen = d.get("generation")
-            if isinstance(gen, int):
-                self.generation = gen
-            usable = frozenset(d.get("usable") or ())
-            prev = self._usable if self._usable is not None else frozenset(self.rails)
-            first = self._usable is None
-            self._usable = usable
-            lost, gained = sorted(prev - usable), sorted(usable - prev)
-            fields = {"generation": gen, "usable": sorted(usable), "lost": lost, "gained": gained,
-                      "reason": d.get("reason", ""), "routes": d.get("routes")}
-            if lost:
-                return Alert("failover", True, fields, t_ns)
-            if first:
-                return None  # the first plan with every rail: the normal start
-            if gained:
-                return Alert("failback", False, fields, t_ns)
-            return Alert("reroute", False, fields, t_ns)
-        if kind == "incident":
-            fields = {k: d.get(k) for k in ("domain", "code", "device", "action", "remedy", "summary", "source", "gpu",
-                                            "rail", "notified", "follows", "backlog")}
-            return Alert("incident", not d.get("backlog"), fields, t_ns)
-        if kind == "damping":
-            rail = d.get("rail")
-            return Alert("damping", False, {"rail": rail, "netdev": self.rails.get(rail),
-                                            "damping": {k: v for k, v in d.items() if k != "rail"}}, t_ns)
-        if kind == "peer_rails":
-            was = d.get("was")
-            if was is None:
-                return None  # first word from the peer
-            usable = d.get("usable") or []
-            return Alert("peer_rails", False, {"peer": d.get("peer"), "usable": usable, "was": was,
-                                               "lost": sorted(set(was) - set(usable)), "gained": sorted(set(usable) - set(was)),
-                                               "peer_generation": d.get("peer_generation")}, t_ns)
-        if kind == "routes_applied" and (d.get("errors") or d.get("conflicts")):
-            return Alert("route_error", True, {"generation": d.get("generation"), "errors": list(d.get("errors") or []),
-                                               "conflicts": list(d.get("conflicts") or [])}, t_ns)
-        return None
-
-    def from_report(self, rec: Mapping) -> Alert | None:
-        """The alert for one torch hook report (:class:`linkpass.adapters.hook_server.HookServer`
-        keeps them as ``{"event", "t_ns", "client_id", "job", "rank", "pid", ...}``), or None."""
-        ev = rec.get("event")
-        if ev in _REBUILD_REPORTS:
-            kind = "rebuild"
-        elif ev in _MIGRATION_REPORTS:
-            kind = "migration"
-        else:
-            return None
-        detail = {k: v for k, v in rec.items() if k not in ("event", "t_ns", "client_id", "job", "rank", "pid")}
-        try:
-            if len(_dumps(detail)) > MAX_DETAIL_BYTES:
-                detail = {"truncated": True}
-        except (TypeError, ValueError):
-            detail = {"unserialisable": True}
-        t = rec.get("t_ns") if isinstance(rec.get("t_ns"), int) else time.monotonic_ns()
-        return Alert(kind, True, {"report": ev, "job": rec.get("job"), "rank": rec.get("rank"), "pid": rec.get("pid"),
-                                  "detail": detail}, t)
-
-
-def compact_state(st: Mapping) -> dict:
-    """The ``state`` payload body from :meth:`linkpass.core.engine.Engine.status`."""
-    return {
-        "generation": st.get("generation"),
-        "applied_generation": st.get("applied_generation"),
-        "mode": st.get("mode"),
-        "rails": [{k: r.get(k) for k in ("id", "netdev", "state", "usable", "reason", "degraded", "probe_loss")}
-                  | {"suppressed": bool((r.get("damping") or {}).get("suppressed"))} for r in st.get("rails", [])],
-        "peers": [{"name": p.get("name"), "usable_rails": p.get("usable_rails")} for p in st.get("peers", [])],
-        "incident_counts": dict(st.get("incident_counts") or {}),
-    }
-
-
-def topology_of(cfg) -> dict:
-    """The ``topology`` payload body from a validated :class:`linkpass.config.Config`."""
-    return {
-        "mode": cfg.daemon.mode,
-        "host_ip": None if cfg.daemon.host_ip is None else str(cfg.daemon.host_ip),
-        "source": cfg.topology.rails,
-        "rails": [{"id": r.id, "netdev": r.netdev, "address": None if r.address is None else str(r.address)} for r in cfg.rails],
-        "peers": [{"name": p.name, "host_ip": None if p.host_ip is None else str(p.host_ip),
-                   "rail_ips": {str(k): str(v) for k, v in sorted(p.rail_ips.items())}} for p in cfg.peers],
-    }
 
 
 # ---------------------------------------------------------------------------- publisher
@@ -515,7 +209,7 @@ class MqttPublisher:
     def on_hook_report(self, rec: Mapping) -> None:
         """A torch hook report (rebuild / migration) as kept by the hook server."""
         try:
-            a = self.mapper.from_report(rec)
+            a = self.mapper.from_report(rec, time.monotonic_ns())
         except Exception:
             log.exception("hook report %r not turned into an event", rec)
             return
@@ -546,7 +240,7 @@ class MqttPublisher:
         gen = self.mapper.generation
 
         def build(seq: int) -> bytes:
-            return _dumps({"schema": EVENT_SCHEMA, "id": str(uuid.uuid4()), "host": self.host, "seq": seq, "ts": ts,
+            return dumps({"schema": EVENT_SCHEMA, "id": str(uuid.uuid4()), "host": self.host, "seq": seq, "ts": ts,
                            "event": a.event, "severity": "critical" if a.critical else "info", "generation": gen,
                            "t_mono_ns": a.t_mono_ns, **a.fields})
         try:
@@ -566,7 +260,7 @@ class MqttPublisher:
 
     def status_payload(self, status: str, reason: str) -> bytes:
         """The ``status`` message body (``online`` / ``offline``)."""
-        return _dumps({**self._envelope(STATUS_SCHEMA), "status": status, "reason": reason, "pid": os.getpid(),
+        return dumps({**self._envelope(STATUS_SCHEMA), "status": status, "reason": reason, "pid": os.getpid(),
                        "client_id": self.client_id})
 
     def _props(self, schema: str, expiry: int | None = None, **user: object) -> Properties | None:
@@ -731,7 +425,7 @@ class MqttPublisher:
                     body = self._body(self.topology_fn, "topology")
                     if body is None:
                         continue
-                    await self._guard(client.publish(self.topic("topology"), _dumps({**self._envelope(TOPOLOGY_SCHEMA), **body}),
+                    await self._guard(client.publish(self.topic("topology"), dumps({**self._envelope(TOPOLOGY_SCHEMA), **body}),
                                                      mc.qos, True, self._props(TOPOLOGY_SCHEMA)), watcher)
                     continue
                 room = WINDOW - len(inflight)
@@ -749,7 +443,7 @@ class MqttPublisher:
                         continue
                     doc = {**self._envelope(STATE_SCHEMA), **body,
                            "outbox": {"depth": self.depth(), "dropped_total": self.dropped_total}}
-                    await self._guard(client.publish(self.topic("state"), _dumps(doc), mc.qos, True,
+                    await self._guard(client.publish(self.topic("state"), dumps(doc), mc.qos, True,
                                                      self._props(STATE_SCHEMA, generation=body.get("generation"))), watcher)
                     self.counters["state_published"] += 1
                     continue

@@ -252,7 +252,8 @@ async def _tail(args, mc, host: str, port: int) -> int:
     import aiomqtt
     from aiomqtt.exceptions import MqttConnectError
 
-    from linkpass.adapters.mqtt import MqttSetupError, broker_address, build_tls_context, read_password_file
+    from linkpass.adapters.mqtt_credentials import MqttSetupError, build_tls_context, read_password_file
+    from linkpass.adapters.mqtt_payloads import broker_address
 
     try:
         password = read_password_file(mc.password_file) if mc.password_file else None
@@ -408,7 +409,7 @@ def status_text(doc: dict, retained: bool, received_ts: str) -> tuple[str, str]:
     the connection was lost.  A will received live is shown at ``received_ts`` (the broker
     published it when it noticed the loss); a retained one with no time ("-").
     """
-    from linkpass.adapters.mqtt import WILL_REASON
+    from linkpass.adapters.mqtt_payloads import WILL_REASON
 
     ts = str(doc.get("ts", "?"))
     reason = str(doc.get("reason", ""))
@@ -426,7 +427,7 @@ def _show_status(console, as_json: bool, doc: dict, retained: bool = False) -> N
         return
     from rich.text import Text
 
-    from linkpass.adapters.mqtt import utc_ts
+    from linkpass.adapters.mqtt_payloads import utc_ts
     st = doc.get("status", "?")
     when, text = status_text(doc, retained, utc_ts())
     line = Text()

@@ -58,7 +58,7 @@ _BARE_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*$")
 _HEAD_EXAMPLE = """\
 # linkpass configuration example: every option, under its description, with its default.
 #
-# Generated from the schema in linkpass/config.py by
+# Generated from the schema in linkpass/config/schema.py by
 #     linkpass config show --defaults --example > deploy/linkpass.toml.example
 # (`make example-config`); a test checks that this file matches the schema. Do not edit it by
 # hand: change the schema's descriptions, defaults and examples instead.
@@ -198,7 +198,7 @@ class _Renderer:
         required = f.is_required()
         default = None if required else f.get_default(call_default_factory=True)
         if required and not examples:
-            raise ValueError(f"{where}: has no default and no examples=[...] in linkpass/config.py, "
+            raise ValueError(f"{where}: has no default and no examples=[...] in linkpass/config/schema.py, "
                              "so the example config cannot show it")
         if self.comments:
             self._blank()
@@ -284,8 +284,8 @@ def file_problems(cfg: Config, source: str) -> tuple[list[str], list[str]]:
     ``notice_key_file`` (the daemon runs with peer notices and probes off), lines of the peers
     file that the daemon skips, discovery's warnings, a ``peers_file`` that is not read (rails not "auto"), and with
     ``mqtt.enabled`` the broker password and TLS files, checked by the MQTT adapter's
-    :func:`~linkpass.adapters.mqtt.read_password_file` and
-    :func:`~linkpass.adapters.mqtt.build_tls_context` (the daemon logs those and runs without
+    :func:`~linkpass.adapters.mqtt_credentials.read_password_file` and
+    :func:`~linkpass.adapters.mqtt_credentials.build_tls_context` (the daemon logs those and runs without
     alerts).
 
     Args:
@@ -328,7 +328,7 @@ def file_problems(cfg: Config, source: str) -> tuple[list[str], list[str]]:
         warnings.append(f"{source}: warning: topology.peers_file: not read: peers come from [[peers]] unless "
                         '[topology] rails = "auto"')
     if cfg.mqtt.enabled:
-        from linkpass.adapters.mqtt import MqttSetupError, build_tls_context, read_password_file
+        from linkpass.adapters.mqtt_credentials import MqttSetupError, build_tls_context, read_password_file
 
         checks = [functools.partial(read_password_file, cfg.mqtt.password_file)] if cfg.mqtt.password_file else []
         checks.append(functools.partial(build_tls_context, cfg.mqtt))

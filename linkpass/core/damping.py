@@ -41,6 +41,8 @@ import logging
 import math
 from dataclasses import dataclass
 
+from linkpass.core.policy import DampingPolicy
+
 log = logging.getLogger("linkpass.damping")
 
 
@@ -184,11 +186,13 @@ class FlapDamper:
         self._release_ns: int | None = None  # set exactly while SUPPRESSED
 
     @classmethod
-    def from_section(cls, section, *, rail: int | None = None) -> FlapDamper:
-        """Build from a ``[damping]`` config table (anything with ``penalty``, ``half_life_ms``,
-        ``suppress``, ``reuse`` and ``max_penalty``)."""
-        return cls(section.penalty, section.half_life_ms * 1_000_000, section.suppress, section.reuse,
-                   section.max_penalty, rail=rail)
+    def from_policy(cls, policy: DampingPolicy, *, rail: int | None = None) -> FlapDamper:
+        """Build from the damping settings (:class:`~linkpass.core.policy.DampingPolicy`).
+
+        Raises:
+            ValueError: limits out of order (as the constructor)."""
+        return cls(policy.penalty, policy.half_life_ms * 1_000_000, policy.suppress, policy.reuse,
+                   policy.max_penalty, rail=rail)
 
     # ------------------------------------------------------------------------- queries
 

@@ -15,7 +15,6 @@ import logging
 import math
 from collections import Counter, deque
 
-from linkpass.config import Config
 from linkpass.core.health import RailHealth, RailState, Transition
 from linkpass.core.model import (
     Action,
@@ -53,6 +52,7 @@ from linkpass.core.nccl_env import NcclContext
 from linkpass.core.nccl_env import RailHealth as NcclRail
 from linkpass.core.paths import PathHealth, PathState
 from linkpass.core.planner import Plan, all_destinations, plan_routes
+from linkpass.core.policy import EnginePolicy
 
 log = logging.getLogger("linkpass.engine")
 
@@ -70,7 +70,8 @@ class Engine:
     """Decides, from what adapters saw, which routes and notices the host needs.
 
     Args:
-        cfg: validated configuration.
+        policy: what the engine decides with (:class:`~linkpass.core.policy.EnginePolicy`,
+            built from the validated config by :func:`linkpass.config.policy_from_config`).
         nccl: what the NCCL environment file is computed from (see
             :class:`~linkpass.core.nccl_env.NcclContext`); None: no file is written, and no
             :class:`WriteNcclEnv` is returned.
@@ -86,8 +87,8 @@ class Engine:
             routes), and one per other history kind (``plan``, ``degraded``, ``recovered``, ...).
     """
 
-    def __init__(self, cfg: Config, nccl: NcclContext | None = None):
-        self.cfg = cfg
+    def __init__(self, policy: EnginePolicy, nccl: NcclContext | None = None):
+        self.policy = policy
         self.nccl = nccl
         self.hook_peers: tuple[str, ...] = ()  # peers of the registered torch-hook jobs (probed first)
         self.generation = 0
@@ -124,15 +125,15 @@ class Engine:
         self._incident_seen: dict[tuple[str, str | None], int] = {}  # (code, device) -> last seen ns
         self._incident_seen_t: dict[tuple[str, str | None], int] = {}  # (code, device) -> its event's t_ns
         self._notify_entries: dict[tuple, tuple[dict, dict]] = {}  # NotifyDeviceFault's incident -> (entry, history data)
-        self._configure(cfg)
+        self._configure(policy)
 
     # ------------------------------------------------------------------ config
 
-    def _configure(self, cfg: Config) -> None:
-        self.cfg = cfg
-        hold_ns = cfg.daemon.hold_down_ms * 1_000_000
+    def _configure(self, policy: EnginePolicy) -> None:
+        self.policy = policy
+        hold_ns = policy.host.hold_down_ms * 1_000_000
         new: dict[int, RailHealth] = {}
-        for r in cfg.rails:
+        for r in policy.rails:
             h = self.rails.get(r.id) or RailHealth(r.id, hold_ns)
             if h.hold_until_ns is not None and h.hold_down_ns != hold_ns:
                 h.hold_until_ns = h.since_ns + hold_ns  # a rail in hold-down follows the new hold-down
@@ -141,28 +142,27 @@ class Engine:
             new[r.id] = h
         self.rails = new
         dampers: dict[int, FlapDamper] = {}
-        if cfg.damping.enabled:
-            for r in cfg.rails:
+        if policy.damping.enabled:
+            for r in policy.rails:
                 old = getattr(self, "dampers", {}).get(r.id)
-                same = old is not None and old.to_json(0).get("limits") == FlapDamper.from_section(cfg.damping, rail=r.id).to_json(0).get("limits")
-                dampers[r.id] = old if same else FlapDamper.from_section(cfg.damping, rail=r.id)
+                same = old is not None and old.to_json(0).get("limits") == FlapDamper.from_policy(policy.damping, rail=r.id).to_json(0).get("limits")
+                dampers[r.id] = old if same else FlapDamper.from_policy(policy.damping, rail=r.id)
         self.dampers = dampers
-        names = self._peer_names = frozenset(p.name for p in cfg.peers)
+        names = self._peer_names = frozenset(p.name for p in policy.peers)
         self.peer_usable = {k: v for k, v in self.peer_usable.items() if k in names}
-        self._netdev_rail = {r.netdev: r.id for r in cfg.rails}
-        self._rail_peers = {r.id: sum(1 for p in cfg.peers if r.id in p.rail_ips) for r in cfg.rails}
-        self._dsts = all_destinations(cfg)
+        self._netdev_rail = {r.netdev: r.id for r in policy.rails}
+        self._rail_peers = {r.id: sum(1 for p in policy.peers if r.id in p.rail_ips) for r in policy.rails}
+        self._dsts = all_destinations(policy)
 
     def _on_config(self, ev: ConfigReloaded, now_ns: int) -> list[Action]:
         """Adopt a reloaded config (SIGHUP): rails, peers, hold-down, route settings, and the
         NCCL context.  Rails whose netdev changed are re-evaluated from the last link facts seen.
         """
-        cfg = ev.cfg
-        old_dev = {r.id: r.netdev for r in self.cfg.rails}
+        old_dev = {r.id: r.netdev for r in self.policy.rails}
         self.nccl = ev.nccl
-        self._configure(cfg)
+        self._configure(ev.policy)
         self._record("config_reloaded", now_ns, {})
-        for r in cfg.rails:
+        for r in ev.policy.rails:
             if old_dev.get(r.id) != r.netdev and self.synced:
                 self._eval_rail(r.id, now_ns, now_ns)
         return self._replan(now_ns, "config reloaded", force=True)
@@ -178,7 +178,7 @@ class Engine:
         link_was = dict(self._link_healthy)
         actions = self._handle(event, now_ns)
         # a rail whose link came back needs its unresolved neighbours dropped, before the routes
-        netdevs = {r.id: r.netdev for r in self.cfg.rails}
+        netdevs = {r.id: r.netdev for r in self.policy.rails}
         refresh = [RefreshNeighbors(netdevs[rid]) for rid, ok in sorted(self._link_healthy.items())
                    if ok and not link_was.get(rid, True) and rid in netdevs]
         return refresh + actions if refresh else actions
@@ -230,7 +230,7 @@ class Engine:
         self.synced = True
         self._record("link_dump", now_ns, {"reason": ev.reason, "netdevs": len(ev.links)})
         if first:
-            for r in self.cfg.rails:
+            for r in self.policy.rails:
                 if r.netdev not in self.links:
                     msg = f"rail {r.id}: netdev {r.netdev!r} not found on this host; rail stays DOWN until it appears"
                     self.warnings.append(msg)
@@ -302,7 +302,7 @@ class Engine:
         return []
 
     def _on_route_changed(self, ev: RouteChanged, now_ns: int) -> list[Action]:
-        ours = ev.proto == self.cfg.daemon.route_protocol
+        ours = ev.proto == self.policy.host.route_protocol
         if self.plan is None or ev.dst not in self._dsts:
             return []
         if ours and (not ev.deleted or ev.dst not in {r.dst for r in self.plan.routes}):
@@ -412,11 +412,11 @@ class Engine:
     def nccl_rails(self) -> tuple[NcclRail, ...]:
         """Our rails as the NCCL environment sees them: usable or not, state, addresses."""
         return tuple(NcclRail(r.id, r.netdev, self.rails[r.id].usable, self.rails[r.id].state.value,
-                              tuple(sorted(self.addrs.get(r.netdev, ())))) for r in self.cfg.rails)
+                              tuple(sorted(self.addrs.get(r.netdev, ())))) for r in self.policy.rails)
 
     def _hook_plan(self, reason: str, now_ns: int) -> HookPlan:
-        return HookPlan(self.generation, frozenset(r.id for r in self.cfg.rails), self.local_usable(),
-                        {p.name: self.peer_usable.get(p.name) for p in self.cfg.peers}, reason, now_ns)
+        return HookPlan(self.generation, frozenset(r.id for r in self.policy.rails), self.local_usable(),
+                        {p.name: self.peer_usable.get(p.name) for p in self.policy.peers}, reason, now_ns)
 
     # ------------------------------------------------------------------ helpers
 
@@ -425,7 +425,7 @@ class Engine:
         when one of them changes (results arrive hundreds of times a second)."""
         if ev.rail not in self.rails or ev.peer not in self._peer_names:
             return []
-        pc = self.cfg.probe
+        pc = self.policy.probe
         if not ev.ok and ev.t_ns - pc.interval_ms * 1_000_000 < self._link_up_ns.get(ev.rail, -1):
             return []  # sent before the rail's link came back: its loss says nothing about the rail now
         key = (ev.rail, ev.peer)
@@ -501,7 +501,7 @@ class Engine:
         detection time for pair-only faults.  It does not slow down the common faults: a rail
         failed by its probes or its carrier is left at once by every route, and a peer whose own
         rail failed announces it (``peer_rails``), which the plan follows without waiting."""
-        hold = self.cfg.probe.detect_multiplier * self.cfg.probe.interval_ms * 1_000_000
+        hold = self.policy.probe.detect_multiplier * self.policy.probe.interval_ms * 1_000_000
         return frozenset(k for k, p in self.paths.items()
                          if self._path_counts(p) and now_ns - p.since_ns >= hold)
 
@@ -511,7 +511,7 @@ class Engine:
         an UP path is current by construction (its next miss would be forwarded)."""
         if p.state == PathState.UP:
             return True
-        pc = self.cfg.probe
+        pc = self.policy.probe
         stale_ns = (2 * pc.slow_interval_ms + pc.detect_multiplier * pc.interval_ms) * 1_000_000
         return now_ns - p.last_result_ns <= stale_ns
 
@@ -528,7 +528,7 @@ class Engine:
         single peer on the rail the two ends cannot be told apart: then that one peer decides
         (and traffic to it leaves the rail either way, which is what that peer's fault needs).
         """
-        pc = self.cfg.probe
+        pc = self.policy.probe
         on_rail = [p for (r, _), p in self.paths.items()
                    if r == rid and p.state != PathState.UNKNOWN and self._fresh(p, now_ns) and not self._peer_explains(p)]
         down = sum(1 for p in on_rail if self._path_counts(p))
@@ -550,7 +550,7 @@ class Engine:
         # hysteresis: DEGRADED above degraded_loss, clean again only below half of it, so a
         # rail hovering at the threshold does not move traffic back and forth
         was = ev.rail in self.degraded
-        limit = self.cfg.probe.degraded_loss
+        limit = self.policy.probe.degraded_loss
         deg = ev.loss > limit if not was else ev.loss >= limit / 2
         if deg != was:
             (self.degraded.add if deg else self.degraded.discard)(ev.rail)
@@ -568,7 +568,7 @@ class Engine:
         return None if v is None else round(v[0], 4)
 
     def _eval_rail(self, rid: int, event_ns: int, now_ns: int) -> None:
-        netdev = next(r.netdev for r in self.cfg.rails if r.id == rid)
+        netdev = next(r.netdev for r in self.policy.rails if r.id == rid)
         facts = self.links.get(netdev) or LinkFacts(netdev, present=False, admin_up=False, carrier=False, operstate="NOTPRESENT")
         if facts.healthy and not self._link_healthy.get(rid, True):
             self._link_up_ns[rid] = now_ns  # handle() returns a RefreshNeighbors for it
@@ -678,7 +678,7 @@ class Engine:
         actions: list[Action] = []
         path_down = self._avoided_paths(now_ns)
         self._plan_path_down = path_down
-        plan = plan_routes(self.cfg, self.local_usable(), self.peer_usable, path_down, self.avoided_degraded())
+        plan = plan_routes(self.policy, self.local_usable(), self.peer_usable, path_down, self.avoided_degraded())
         prev_usable = None if self.plan is None else self._plan_usable
         usable = self.local_usable()
         changed = self.plan is None or plan != self.plan or usable != prev_usable
@@ -690,7 +690,7 @@ class Engine:
                 log.warning("%s", n)
             self._record("plan", now_ns, {"generation": self.generation, "reason": reason, "usable": sorted(usable), "routes": len(plan.routes)})
             lost = sorted((prev_usable or frozenset()) - usable)
-            netdevs = {r.id: r.netdev for r in self.cfg.rails}
+            netdevs = {r.id: r.netdev for r in self.policy.rails}
             purge = tuple(netdevs[r] for r in lost if r in netdevs)
             actions.append(ApplyRoutes(self.generation, plan.routes, plan.keep_dsts, reason, resync=self._resync_routes, purge_neighbors=purge))
             self._resync_routes = False
@@ -713,7 +713,7 @@ class Engine:
     def status(self, now_ns: int) -> dict:
         """A JSON-ready picture for `linkpass status` (see :func:`linkpass.cli` for fields)."""
         rails = []
-        for r in self.cfg.rails:
+        for r in self.policy.rails:
             h = self.rails[r.id]
             f = self.links.get(r.netdev)
             rails.append({
@@ -733,7 +733,7 @@ class Engine:
                 "damping": self.dampers[r.id].to_json(now_ns) if r.id in self.dampers else None,
             })
         peers = []
-        for p in self.cfg.peers:
+        for p in self.policy.peers:
             last = self.peer_last_ns.get(p.name)
             peers.append({
                 "name": p.name,
@@ -743,11 +743,11 @@ class Engine:
                 "last_notice_ago_ms": None if last is None else round((now_ns - last) / 1e6, 3),
             })
         return {
-            "host": self.cfg.daemon.host,
-            "mode": self.cfg.daemon.mode,
+            "host": self.policy.host.name,
+            "mode": self.policy.host.mode,
             "generation": self.generation,
             "applied_generation": self.applied_generation,
-            "hold_down_ms": self.cfg.daemon.hold_down_ms,
+            "hold_down_ms": self.policy.host.hold_down_ms,
             "now_ns": now_ns,
             "rails": rails,
             "peers": peers,

@@ -11,6 +11,8 @@ from functools import cached_property
 from collections.abc import Mapping
 from typing import Any, Union
 
+from linkpass.core.policy import EnginePolicy
+
 # --------------------------------------------------------------------------- link facts
 
 
@@ -237,13 +239,14 @@ class ConfigReloaded:
     """A reloaded config was accepted (SIGHUP): rails, peers, hold-down, route settings.
 
     Attributes:
-        cfg: the validated (and, in auto mode, resolved) config.
+        policy: the engine's view (:class:`linkpass.core.policy.EnginePolicy`) of the validated
+            (and, in auto mode, resolved) config.
         nccl: what the NCCL environment is computed from now
             (:class:`linkpass.core.nccl_env.NcclContext`), or None when no env file is written.
         t_ns: monotonic ns of the reload.
     """
 
-    cfg: Any
+    policy: EnginePolicy
     nccl: Any = None
     t_ns: int = 0
 

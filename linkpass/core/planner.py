@@ -1,4 +1,4 @@
-"""(config, rail health, peers' rail notices) -> the routes we want.
+"""(policy, rail health, peers' rail notices) -> the routes we want.
 
 Two addressing modes (DESIGN.md):
 
@@ -20,8 +20,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from linkpass.config import Config
 from linkpass.core.model import Nexthop, RouteSpec
+from linkpass.core.policy import EnginePolicy, PeerPolicy
 
 
 @dataclass(frozen=True)
@@ -33,21 +33,21 @@ class Plan:
     notes: tuple[str, ...] = ()
 
 
-def _common_rails(cfg: Config, peer, local_usable: frozenset[int], peer_usable: Mapping[str, frozenset[int]],
+def _common_rails(policy: EnginePolicy, peer: PeerPolicy, local_usable: frozenset[int], peer_usable: Mapping[str, frozenset[int]],
                   path_down: frozenset[tuple[int, str]] = frozenset(), degraded: frozenset[int] = frozenset()) -> list[int]:
     remote = peer_usable.get(peer.name)
-    common = [r.id for r in cfg.rails if r.id in local_usable and r.id in peer.rail_ips
+    common = [r.id for r in policy.rails if r.id in local_usable and r.id in peer.rail_ips
               and (remote is None or r.id in remote) and (r.id, peer.name) not in path_down]
     clean = [r for r in common if r not in degraded]
     return sorted(clean or common)
 
 
-def plan_routes(cfg: Config, local_usable: Iterable[int], peer_usable: Mapping[str, frozenset[int]],
+def plan_routes(policy: EnginePolicy, local_usable: Iterable[int], peer_usable: Mapping[str, frozenset[int]],
                 path_down: frozenset[tuple[int, str]] = frozenset(), degraded: frozenset[int] = frozenset()) -> Plan:
     """Compute the desired routes.
 
     Args:
-        cfg: validated config (rails, peers, mode, route protocol/table/metric).
+        policy: rails, peers, mode, route protocol/table/metric (:class:`~linkpass.core.policy.EnginePolicy`).
         local_usable: ids of our rails in a usable state (UP).
         peer_usable: per peer name, the rails that peer last announced as usable; a peer
             never heard from is assumed to use all its configured rails.
@@ -61,13 +61,13 @@ def plan_routes(cfg: Config, local_usable: Iterable[int], peer_usable: Mapping[s
         the same plan).
     """
     local = frozenset(local_usable)
-    netdev = {r.id: r.netdev for r in cfg.rails}
-    d = cfg.daemon
+    netdev = {r.id: r.netdev for r in policy.rails}
+    d = policy.host
     routes: list[RouteSpec] = []
     keep: set[str] = set()
     notes: list[str] = []
-    for peer in cfg.peers:
-        common = _common_rails(cfg, peer, local, peer_usable, path_down, degraded)
+    for peer in policy.peers:
+        common = _common_rails(policy, peer, local, peer_usable, path_down, degraded)
         if d.mode == "host-ip":
             dst = f"{peer.host_ip}/32"
             if not common:
@@ -77,7 +77,7 @@ def plan_routes(cfg: Config, local_usable: Iterable[int], peer_usable: Mapping[s
             nhs = tuple(sorted(Nexthop(str(peer.rail_ips[r]), netdev[r], r) for r in common))
             routes.append(RouteSpec(dst, nhs, str(d.host_ip), d.route_table, d.route_metric, d.route_protocol))
         else:
-            own_addr = {r.id: r.address for r in cfg.rails}
+            own_addr = {r.id: r.address for r in policy.rails}
             for rid in sorted(peer.rail_ips):
                 if rid in common or rid not in netdev:
                     continue
@@ -94,8 +94,8 @@ def plan_routes(cfg: Config, local_usable: Iterable[int], peer_usable: Mapping[s
     return Plan(tuple(routes), frozenset(keep), tuple(notes))
 
 
-def all_destinations(cfg: Config) -> frozenset[str]:
-    """Every prefix the planner may ever route for this config (to spot foreign routes)."""
-    if cfg.daemon.mode == "host-ip":
-        return frozenset(f"{p.host_ip}/32" for p in cfg.peers)
-    return frozenset(f"{ip}/32" for p in cfg.peers for ip in p.rail_ips.values())
+def all_destinations(policy: EnginePolicy) -> frozenset[str]:
+    """Every prefix the planner may ever route with this policy (to spot foreign routes)."""
+    if policy.host.mode == "host-ip":
+        return frozenset(f"{p.host_ip}/32" for p in policy.peers)
+    return frozenset(f"{ip}/32" for p in policy.peers for ip in p.rail_ips.values())

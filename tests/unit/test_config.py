@@ -24,7 +24,7 @@ from linkpass.config import (
 )
 from unit_helpers import make_toml
 
-# the docstring example of linkpass/config.py, with the second rail it refers to
+# the docstring example of linkpass/config/__init__.py, with the second rail it refers to
 EXAMPLE = """
 [daemon]
 host = "h0"
@@ -199,7 +199,7 @@ def test_out_of_memory_while_parsing_is_one_line(monkeypatch):
     def boom(text):
         raise MemoryError
 
-    monkeypatch.setattr(config_mod.tomllib, "loads", boom)
+    monkeypatch.setattr(config_mod.loading.tomllib, "loads", boom)
     with pytest.raises(ConfigError) as ei:
         parse_config(EXAMPLE, "x.toml")
     assert "out of memory" in assert_one_line(ei.value, "x.toml", None)

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from linkpass.config import DampingSection
+from linkpass.config import DampingSection, damping_policy
 from linkpass.core.damping import (
     TRANSITIONS,
     DampState,
@@ -195,7 +195,7 @@ def test_bad_limits_are_clear_errors(over, match):
 
 
 def test_from_config_section():
-    d = FlapDamper.from_section(DampingSection(), rail=2)
+    d = FlapDamper.from_policy(damping_policy(DampingSection()), rail=2)
     assert (d.penalty, d.half_life_ns, d.suppress, d.reuse, d.max_penalty, d.rail) == (1000, 15 * S, 2500, 800, 8000, 2)
 
 

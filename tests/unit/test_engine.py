@@ -8,6 +8,7 @@ import re
 
 import pytest
 
+from linkpass.config import policy_from_config
 from linkpass.core.engine import Engine
 from linkpass.core.health import TRANSITIONS, RailState
 from linkpass.core.model import (
@@ -54,7 +55,7 @@ def host_route(peer: int, rails, cfg_proto=PROTO, table=254, metric=0) -> RouteS
 
 def started(**kw) -> tuple[Engine, list]:
     cfg = make_cfg(**kw)
-    eng = Engine(cfg)
+    eng = Engine(policy_from_config(cfg))
     acts = eng.handle(snapshot(cfg, 0), 0)
     return eng, acts
 
@@ -111,7 +112,7 @@ def test_start_all_up_per_rail_ip_has_no_routes():
 
 def test_link_events_before_the_first_snapshot_do_nothing():
     cfg = make_cfg()
-    eng = Engine(cfg)
+    eng = Engine(policy_from_config(cfg))
     assert eng.handle(link(carrier_lost("rail0"), 5), 5) == []
     assert eng.generation == 0
     assert eng.rails[0].state == RailState.UNKNOWN
@@ -129,7 +130,7 @@ EARLY_EVENTS = {
 
 @pytest.mark.parametrize("kind", list(EARLY_EVENTS))
 def test_no_plan_and_no_notice_before_the_first_snapshot(kind):
-    eng = Engine(make_cfg())
+    eng = Engine(policy_from_config(make_cfg()))
     ev = EARLY_EVENTS[kind]
     acts = eng.handle(ev, ev.t_ns)
     assert applies(acts) == [] and notices(acts) == []
@@ -138,7 +139,7 @@ def test_no_plan_and_no_notice_before_the_first_snapshot(kind):
 
 def test_peer_notice_before_the_first_snapshot_is_remembered():
     cfg = make_cfg(rails=(0, 1))
-    eng = Engine(cfg)
+    eng = Engine(policy_from_config(cfg))
     eng.handle(PeerRails("h1", frozenset({1}), 1, 1, 5), 5)
     acts = eng.handle(snapshot(cfg, 10), 10)
     (ap,) = applies(acts)
@@ -148,7 +149,7 @@ def test_peer_notice_before_the_first_snapshot_is_remembered():
 
 def test_missing_netdev_at_start_warns_and_rail_is_down():
     cfg = make_cfg(rails=(0, 1, 2))
-    eng = Engine(cfg)
+    eng = Engine(policy_from_config(cfg))
     acts = eng.handle(snapshot(cfg, 0, missing=(1,)), 0)
     assert len(eng.warnings) == 1
     assert "rail 1" in eng.warnings[0] and "'rail1'" in eng.warnings[0] and "not found" in eng.warnings[0]
@@ -164,7 +165,7 @@ def test_missing_netdev_at_start_warns_and_rail_is_down():
 
 def test_netdev_appearing_later_goes_through_hold_down():
     cfg = make_cfg(rails=(0, 1))
-    eng = Engine(cfg)
+    eng = Engine(policy_from_config(cfg))
     eng.handle(snapshot(cfg, 0, missing=(1,)), 0)
     acts = eng.handle(link(up("rail1"), S), S)
     assert eng.rails[1].state == RailState.HOLD_DOWN
@@ -340,7 +341,7 @@ def test_all_rails_down_keeps_the_peer_route():
 
 def test_all_rails_down_at_start():
     cfg = make_cfg(rails=(0, 1))
-    eng = Engine(cfg)
+    eng = Engine(policy_from_config(cfg))
     acts = eng.handle(snapshot(cfg, 0, down=(0, 1)), 0)
     (ap,) = applies(acts)
     assert ap.routes == () and ap.keep_dsts == frozenset({"198.19.0.2/32"})
@@ -478,7 +479,7 @@ def test_route_to_a_destination_not_ours_is_ignored():
 
 
 def test_route_change_before_any_plan_is_ignored():
-    eng = Engine(make_cfg())
+    eng = Engine(policy_from_config(make_cfg()))
     assert eng.handle(RouteChanged("198.19.0.2/32", proto=4, table=254, deleted=False, t_ns=S), S) == []
 
 
@@ -563,7 +564,7 @@ def test_illegal_transition_is_never_reached_by_events(caplog):
 
 def test_status_shape():
     cfg = make_cfg(rails=(0, 1), n_peers=2)
-    eng = Engine(cfg)
+    eng = Engine(policy_from_config(cfg))
     st = eng.status(0)
     assert [r["state"] for r in st["rails"]] == ["UNKNOWN", "UNKNOWN"]
     assert [r["last_change_ago_ms"] for r in st["rails"]] == [None, None]
@@ -617,7 +618,7 @@ def test_history_records_transitions_with_event_time():
 
 def test_resync_dump_with_a_change_replans():
     cfg = make_cfg(rails=(0, 1))
-    eng = Engine(cfg)
+    eng = Engine(policy_from_config(cfg))
     eng.handle(snapshot(cfg, 0), 0)
     acts = eng.handle(LinkSnapshot(snapshot(cfg, S, down=(1,)).links, S, reason="overrun"), S)
     (ap,) = applies(acts)
@@ -627,7 +628,7 @@ def test_resync_dump_with_a_change_replans():
 
 def test_resync_dump_after_overrun_asks_the_actuator_to_reread_routes():
     cfg = make_cfg(rails=(0, 1))
-    eng = Engine(cfg)
+    eng = Engine(policy_from_config(cfg))
     eng.handle(snapshot(cfg, 0), 0)
     acts = eng.handle(LinkSnapshot(snapshot(cfg, S).links, S, reason="overrun"), S)
     assert any(a.resync for a in applies(acts))
@@ -640,7 +641,7 @@ def test_purge_neighbors_names_only_rails_that_just_became_unusable():
     from linkpass.core.model import LinkChanged
 
     cfg = make_cfg(rails=(0, 1, 2))
-    e = Engine(cfg)
+    e = Engine(policy_from_config(cfg))
     first = applies(e.handle(snapshot(cfg, 1), 1))
     assert [a.purge_neighbors for a in first] == [()]
     acts = applies(e.handle(LinkChanged(carrier_lost("rail1"), 2), 2))
@@ -657,7 +658,7 @@ def test_config_reloaded_is_an_event_that_forces_a_new_plan():
     from linkpass.core.model import ConfigReloaded
 
     eng, _ = started(rails=(0, 1))
-    acts = eng.handle(ConfigReloaded(make_cfg(rails=(0, 1)), None, 2 * S), 2 * S)
+    acts = eng.handle(ConfigReloaded(policy_from_config(make_cfg(rails=(0, 1))), None, 2 * S), 2 * S)
     assert [a.generation for a in applies(acts)] == [2] and [n.generation for n in notices(acts)] == [2]
     assert [h.kind for h in eng.history][-2:] == ["config_reloaded", "plan"]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from unit_helpers import carrier_lost, make_cfg, snapshot, up
 
-from linkpass.config import parse_config
+from linkpass.config import parse_config, policy_from_config
 from linkpass.core.engine import Engine
 from linkpass.core.model import ApplyRoutes, LinkChanged, SetTimer, Tick
 
@@ -19,7 +19,7 @@ class Sim:
     """Drives an engine with a fake clock, firing its timers as a daemon would."""
 
     def __init__(self, cfg):
-        self.e = Engine(cfg)
+        self.e = Engine(policy_from_config(cfg))
         self.timer = None
         self.actions = []
         self._take(self.e.handle(snapshot(cfg, 0), 0))

@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from unit_helpers import make_cfg, snapshot
 
+from linkpass.config import policy_from_config, probe_policy
 from linkpass.core.engine import Engine
 from linkpass.core.model import ApplyRoutes, ProbeResult
 
@@ -19,7 +20,7 @@ MS = 1_000_000
 
 def engine(n_peers=2, rails=(0, 1)):
     cfg = make_cfg(rails=rails, n_peers=n_peers, hold_down_ms=100)
-    e = Engine(cfg)
+    e = Engine(policy_from_config(cfg))
     e.handle(snapshot(cfg, 0), 0)
     return cfg, e
 
@@ -226,11 +227,11 @@ def test_a_path_that_never_answered_while_the_peer_answers_elsewhere_goes_down()
 
 
 def test_probe_filter_forwards_never_answered_misses_only_with_evidence_elsewhere():
-    from linkpass.adapters.probe_filter import ProbeFilter
+    from linkpass.core.probe_filter import ProbeFilter
 
     cfg, _ = engine(1)
     posted = []
-    f = ProbeFilter(cfg, posted.append)
+    f = ProbeFilter(probe_policy(cfg.probe), posted.append)
     f(ProbeResult(1, "h1", False, 10 * MS, peer_elsewhere=None))
     f(ProbeResult(1, "h1", False, 20 * MS, peer_elsewhere=False))
     assert posted == []

@@ -4,6 +4,7 @@ are recorded only."""
 
 from __future__ import annotations
 
+from linkpass.config import policy_from_config
 from linkpass.core.engine import INCIDENTS_KEPT, Engine
 from linkpass.core.model import DeviceIncident, NotifyDeviceFault
 
@@ -16,7 +17,7 @@ def inc(code="xid:79", device="0000:91:00.0", domain="gpu", action="migrate-rank
 
 def engine():
     cfg = make_cfg()
-    e = Engine(cfg)
+    e = Engine(policy_from_config(cfg))
     e.handle(snapshot(cfg), 0)
     return e
 

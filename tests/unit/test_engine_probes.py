@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from unit_helpers import make_cfg, snapshot
 
+from linkpass.config import policy_from_config, probe_policy
 from linkpass.core.engine import Engine
 from linkpass.core.model import ApplyRoutes, PeerRails, ProbeLoss, ProbeResult, SendNotice, Tick
 
@@ -18,7 +19,7 @@ def rails_to(actions, dst_host_ip):
 
 def engine(n_peers=2):
     cfg = make_cfg(rails=(0, 1), n_peers=n_peers, hold_down_ms=100)
-    e = Engine(cfg)
+    e = Engine(policy_from_config(cfg))
     first = e.handle(snapshot(cfg, 0), 0)
     return cfg, e, first
 
@@ -141,11 +142,11 @@ def test_degraded_rail_still_used_when_it_is_the_only_one():
 
 
 def test_probe_filter_forwards_only_what_decides():
-    from linkpass.adapters.probe_filter import ProbeFilter
+    from linkpass.core.probe_filter import ProbeFilter
 
     cfg, _, _ = engine(1)
     out = []
-    f = ProbeFilter(cfg, out.append)
+    f = ProbeFilter(probe_policy(cfg.probe), out.append)
     f(ProbeResult(0, "h1", False, 1 * MS))            # never answered: absorbed
     assert out == []
     f(ProbeResult(0, "h1", True, 2 * MS, rtt_ns=1))   # first answer: forwarded (path comes UP)
@@ -204,11 +205,11 @@ def test_down_needs_both_the_count_and_bfd_detection_time():
 def test_loss_ratio_leaves_out_dead_paths_but_counts_lossy_ones():
     import random
 
-    from linkpass.adapters.probe_filter import ProbeFilter
+    from linkpass.core.probe_filter import ProbeFilter
 
     cfg = make_cfg(rails=(0, 1), n_peers=2, hold_down_ms=100)
     out = []
-    f = ProbeFilter(cfg, out.append)
+    f = ProbeFilter(probe_policy(cfg.probe), out.append)
     rng = random.Random(7)
     t = 0
     for i in range(300):  # rail 0: h1 dies after 50 probes, h2 is clean; rail 1: 30 % random loss

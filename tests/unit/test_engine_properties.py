@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from linkpass.config import Config
+from linkpass.config import Config, policy_from_config
 from linkpass.core.engine import Engine
 from linkpass.core.health import RailState
 from linkpass.core.model import (
@@ -135,7 +135,7 @@ def track(tr: Tracker, cfg: Config, ev, t: int) -> None:
 def drive(scenario, check=None) -> Run:
     (mode, n_rails, n_peers, hold_ms), initial, steps = scenario
     cfg = cfg_for(mode, n_rails, n_peers, hold_ms)
-    run = Run(cfg, Engine(cfg))
+    run = Run(cfg, Engine(policy_from_config(cfg)))
     tr = Tracker()
     timer: list[int | None] = [None]
     seq = [0]
@@ -230,7 +230,7 @@ def check_invariants(run: Run, tr: Tracker, t: int, hold_ns: int) -> None:
             assert (f"{p.host_ip}/32" in latest.keep_dsts) == (not common)
 
     # the latest plan is the current one (no change left unannounced)
-    assert latest.routes == plan_routes(cfg, usable, eng.peer_usable).routes
+    assert latest.routes == plan_routes(policy_from_config(cfg), usable, eng.peer_usable).routes
     assert latest.generation == eng.generation
     notices = [a for _, _, acts in run.log for a in acts if isinstance(a, SendNotice)]
     assert notices and notices[-1].usable == usable

@@ -10,6 +10,7 @@ import json
 import logging
 from types import SimpleNamespace
 
+from linkpass.config import policy_from_config
 from linkpass.adapters import hook_server as hs
 from linkpass.adapters.hook_server import HookServer
 from linkpass.core.engine import Engine
@@ -120,7 +121,7 @@ def test_fault_without_gpu_goes_to_no_client(tmp_path):
 
 def _daemon(hooks):
     cfg = make_cfg()
-    e = Engine(cfg)
+    e = Engine(policy_from_config(cfg))
     e.handle(snapshot(cfg), 0)
     posted: list = []  # the daemon's event queue: what the late-delivery callback posts
     return SimpleNamespace(engine=e, hooks=hooks, queue=SimpleNamespace(put_nowait=posted.append), posted=posted)

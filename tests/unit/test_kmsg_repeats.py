@@ -5,6 +5,7 @@ kmsg and NVML close together still counts once."""
 
 from __future__ import annotations
 
+from linkpass.config import policy_from_config
 from linkpass.adapters.kmsg import REPEAT_WINDOW_NS, KmsgFollower
 from linkpass.core.engine import Engine
 from linkpass.core.model import NotifyDeviceFault
@@ -75,7 +76,7 @@ def test_a_link_coming_back_is_not_a_new_link_down(tmp_path):
 
 def test_engine_keeps_the_recurrence_and_still_merges_two_sources(tmp_path):
     cfg = make_cfg()
-    e = Engine(cfg)
+    e = Engine(policy_from_config(cfg))
     e.handle(snapshot(cfg), 0)
     f, log = follower(tmp_path, lambda ev: None)
     t0 = 100 * S
@@ -102,7 +103,7 @@ def test_backlog_sighting_does_not_swallow_a_live_fault(tmp_path):
     x79 = xid_line(4, 79)
     log.write_text(rec(1, "Linux version 6.8.0", prio=6) + rec(2, x79))
     cfg = make_cfg()
-    e = Engine(cfg)
+    e = Engine(policy_from_config(cfg))
     e.handle(snapshot(cfg), 0)
     f = KmsgFollower(str(log), lambda ev: None, str(tmp_path / "state"), "h0", boot_id_path=str(tmp_path / "boot_id"))
     assert f.open()

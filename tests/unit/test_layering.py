@@ -1,8 +1,11 @@
-"""DESIGN.md rules 2 and 3: linkpass/core imports nothing with side effects, and no clock."""
+"""DESIGN.md rules 2 and 3: linkpass/core imports nothing with side effects, and no clock,
+neither itself nor through what it imports (the walk follows linkpass.*, topology.* and
+torch_hooks.* imports to the end, reading source only: nothing is imported to check it)."""
 
 from __future__ import annotations
 
 import ast
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
@@ -10,6 +13,10 @@ import pytest
 import linkpass
 
 CORE = Path(linkpass.__file__).resolve().parent / "core"
+#: the repository root: where the walked packages live
+ROOT = CORE.parent.parent
+#: top-level packages of this repository whose imports the transitive walk follows
+WALKED = ("linkpass", "topology", "torch_hooks")
 
 FORBIDDEN = {
     "asyncio",
@@ -23,7 +30,9 @@ FORBIDDEN = {
     "subprocess",
     "time",  # the clock is a parameter
     "os",
+    "pydantic",  # policy comes in as frozen dataclasses (linkpass.core.policy), not config models
     # layering inside linkpass: the core never reaches out to the edges
+    "linkpass.config",
     "linkpass.adapters",
     "linkpass.daemon",
     "linkpass.lab",
@@ -51,22 +60,108 @@ def imported_modules(tree: ast.AST) -> list[tuple[int, str]]:
     return out
 
 
+def _forbidden(mod: str, forbidden: Iterable[str]) -> bool:
+    return any(mod == f or mod.startswith(f + ".") for f in forbidden)
+
+
 def violations(source: str, filename: str = "<src>") -> list[str]:
     bad = []
     for line, mod in imported_modules(ast.parse(source, filename)):
         if mod.startswith("."):
             bad.append(f"{filename}:{line}: relative import {mod!r} (use linkpass.core.*)")
             continue
-        for f in FORBIDDEN:
-            if mod == f or mod.startswith(f + "."):
-                bad.append(f"{filename}:{line}: imports {mod}")
+        if _forbidden(mod, FORBIDDEN):
+            bad.append(f"{filename}:{line}: imports {mod}")
     return bad
 
 
+def module_file(name: str, root: Path) -> Path | None:
+    """The source file of module ``name`` under ``root`` (``a/b.py`` or ``a/b/__init__.py``), or
+    None: not a module of this tree (a class or function imported from one, or another package)."""
+    base = root.joinpath(*name.split("."))
+    for p in (base.with_suffix(".py"), base / "__init__.py"):
+        if p.is_file():
+            return p
+    return None
+
+
+def _absolute(mod: str, importer: str, is_package: bool) -> str:
+    """A relative import's absolute name (``from ..x import y`` inside ``a.b.c`` -> ``a.x.y``)."""
+    level = len(mod) - len(mod.lstrip("."))
+    parts = importer.split(".") if is_package else importer.split(".")[:-1]
+    parts = parts[: len(parts) - (level - 1)] if level > 1 else parts
+    rest = mod[level:]
+    return ".".join(parts + ([rest] if rest else []))
+
+
+def _with_parents(name: str) -> list[str]:
+    """Importing ``a.b.c`` runs ``a``, ``a.b`` and ``a.b.c`` (each package's ``__init__``)."""
+    parts = name.split(".")
+    return [".".join(parts[: i + 1]) for i in range(len(parts))]
+
+
+def transitive_violations(starts: Iterable[str], root: Path, forbidden: Iterable[str] = FORBIDDEN,
+                          walked: Iterable[str] = WALKED) -> list[str]:
+    """Every forbidden import in the import closure of the modules ``starts`` (dotted names).
+
+    Follows, from each module's source (AST, nothing imported), every import of a module of a
+    ``walked`` package found under ``root`` (their parent packages included, as Python runs
+    them), relative imports resolved, to the end.  A forbidden module is reported, not entered.
+
+    Returns:
+        One line per forbidden import: ``a -> b -> c:LINE: imports X``, the chain being how the
+        first start reached the importing module (shortest, breadth first); sorted.
+    """
+    forbidden, walked = tuple(forbidden), tuple(walked)
+    chain: dict[str, tuple[str, ...]] = {}
+    todo: list[str] = []
+    for s in starts:
+        for m in _with_parents(s):
+            if m not in chain and module_file(m, root) is not None:
+                chain[m] = (m,) if m == s else (s, m)  # a parent package: reached by importing the start
+                todo.append(m)
+    bad: set[str] = set()
+    while todo:
+        mod, todo = todo[0], todo[1:]
+        path = module_file(mod, root)
+        assert path is not None, mod
+        is_pkg = path.name == "__init__.py"
+        said: set[tuple[int, str]] = set()  # (line, module) reported: not again for its names
+        for line, name in imported_modules(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            if name.startswith("."):
+                name = _absolute(name, mod, is_pkg)
+            if _forbidden(name, forbidden):
+                if not any(ln == line and name.startswith(m + ".") for ln, m in said):
+                    said.add((line, name))
+                    bad.add(f"{' -> '.join(chain[mod])}:{line}: imports {name}")
+                continue
+            if not name.split(".")[0] in walked:
+                continue
+            for m in _with_parents(name):
+                if m in chain or module_file(m, root) is None:
+                    continue
+                if _forbidden(m, forbidden):
+                    bad.add(f"{' -> '.join(chain[mod])}:{line}: imports {m}")
+                    continue
+                chain[m] = chain[mod] + (m,)
+                todo.append(m)
+    return sorted(bad)
+
+
 def core_files() -> list[Path]:
-    files = sorted(CORE.glob("*.py"))
+    files = sorted(CORE.rglob("*.py"))
     assert files, CORE
     return files
+
+
+def core_modules() -> list[str]:
+    """Dotted names of every module of linkpass/core, sub-packages included."""
+    out = []
+    for p in core_files():
+        rel = p.relative_to(ROOT).with_suffix("")
+        parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
+        out.append(".".join(parts))
+    return out
 
 
 def test_core_modules_exist():
@@ -74,9 +169,92 @@ def test_core_modules_exist():
     assert {"health.py", "engine.py", "model.py", "planner.py", "reconcile.py", "notice.py", "damping.py", "paths.py"} <= names
 
 
-@pytest.mark.parametrize("path", core_files(), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", core_files(), ids=lambda p: str(p.relative_to(CORE)))
 def test_core_module_imports_nothing_forbidden(path):
     assert violations(path.read_text(encoding="utf-8"), path.name) == []
+
+
+@pytest.mark.parametrize("mod", core_modules())
+def test_core_module_reaches_nothing_forbidden_through_its_imports(mod):
+    assert transitive_violations([mod], ROOT) == []
+
+
+def test_the_walk_reaches_beyond_core():
+    """The closure of the core really is walked: the engine reaches topology.model through the
+    NCCL environment module (so a forbidden import there would be caught)."""
+    assert transitive_violations(["linkpass.core.engine"], ROOT, forbidden=["topology.model"]) == [
+        "linkpass.core.engine -> linkpass.core.nccl_env:" + _line_of(CORE / "nccl_env.py", "from topology.model") +
+        ": imports topology.model"]
+
+
+def _line_of(path: Path, text: str) -> str:
+    return str(next(i for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1) if line.startswith(text)))
+
+
+def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
+    for rel, src in files.items():
+        p = tmp_path / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(src, encoding="utf-8")
+    return tmp_path
+
+
+def test_transitive_walk_finds_a_forbidden_import_two_hops_away(tmp_path):
+    root = _tree(tmp_path, {
+        "linkpass/__init__.py": "",
+        "linkpass/core/__init__.py": "",
+        "linkpass/core/a.py": "from linkpass.core.b import thing\n",
+        "linkpass/core/b.py": "import logging\nfrom linkpass.util import helper\nthing = 1\n",
+        "linkpass/util.py": "import json\n\ndef helper():\n    import asyncio\n",
+    })
+    assert transitive_violations(["linkpass.core.a"], root) == [
+        "linkpass.core.a -> linkpass.core.b -> linkpass.util:4: imports asyncio"]
+
+
+def test_transitive_walk_follows_packages_relative_imports_and_other_walked_packages(tmp_path):
+    root = _tree(tmp_path, {
+        "linkpass/__init__.py": "",
+        "linkpass/core/__init__.py": "",
+        "linkpass/core/a.py": "from topology import model\n",
+        "topology/__init__.py": "from .sub import x\n",  # runs on any topology.* import
+        "topology/model.py": "from . import pure\n",
+        "topology/pure.py": "X = 1\n",
+        "topology/sub/__init__.py": "from ..deep import y\n",
+        "topology/deep.py": "import pyroute2\n",
+    })
+    assert transitive_violations(["linkpass.core.a"], root) == [
+        "linkpass.core.a -> topology -> topology.sub -> topology.deep:1: imports pyroute2"]
+
+
+def test_transitive_walk_reports_a_forbidden_package_module_and_does_not_enter_it(tmp_path):
+    root = _tree(tmp_path, {
+        "linkpass/__init__.py": "",
+        "linkpass/core/__init__.py": "",
+        "linkpass/core/a.py": "from linkpass import config\n",
+        "linkpass/config.py": "import pydantic\n",
+    })
+    assert transitive_violations(["linkpass.core.a"], root) == ["linkpass.core.a:1: imports linkpass.config"]
+
+
+def test_transitive_walk_checks_parent_packages_and_survives_cycles(tmp_path):
+    root = _tree(tmp_path, {
+        "linkpass/__init__.py": "import os\n",  # runs before any linkpass.* module
+        "linkpass/core/__init__.py": "",
+        "linkpass/core/a.py": "import linkpass.core.b\n",
+        "linkpass/core/b.py": "import linkpass.core.a\n",
+    })
+    assert transitive_violations(["linkpass.core.a"], root) == ["linkpass.core.a -> linkpass:1: imports os"]
+
+
+def test_transitive_walk_ignores_names_that_are_not_modules_and_other_packages(tmp_path):
+    root = _tree(tmp_path, {
+        "linkpass/__init__.py": "",
+        "linkpass/core/__init__.py": "",
+        "linkpass/core/a.py": "from linkpass.core.b import Thing\nimport numpy\n",
+        "linkpass/core/b.py": "class Thing:\n    pass\n",
+        "numpy/__init__.py": "import os\n",  # not a walked package: its own business
+    })
+    assert transitive_violations(["linkpass.core.a"], root) == []
 
 
 @pytest.mark.parametrize(
@@ -94,6 +272,9 @@ def test_core_module_imports_nothing_forbidden(path):
         "from linkpass.adapters.netlink import X",
         "from linkpass import daemon",
         "from . import model",
+        "from linkpass.config import Config",
+        "from linkpass import config",
+        "from pydantic import BaseModel",
     ],
 )
 def test_checker_catches_forbidden_imports(src):
@@ -102,7 +283,8 @@ def test_checker_catches_forbidden_imports(src):
 
 @pytest.mark.parametrize(
     "src",
-    ["import logging", "from linkpass.core.model import Tick", "import hashlib, hmac, struct", "from linkpass.config import Config", "import ostree_like_name", "import timeit_like"],
+    ["import logging", "from linkpass.core.model import Tick", "import hashlib, hmac, struct", "from linkpass.core.policy import EnginePolicy",
+     "import ostree_like_name", "import timeit_like", "import pydantic_like_name"],
 )
 def test_checker_allows_pure_imports(src):
     assert violations(src) == []

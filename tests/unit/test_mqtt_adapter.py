@@ -9,10 +9,10 @@ import os
 
 import pytest
 
+from linkpass.config import MqttSection, parse_config, policy_from_config
 from linkpass.adapters import mqtt
 from linkpass.adapters.mqtt import AlertMapper, MqttPublisher, MqttSetupError, compact_state, topic_prefix
 from linkpass.adapters.outbox import Outbox
-from linkpass.config import MqttSection, parse_config
 from linkpass.core.model import HistoryEntry
 
 RAILS = {0: "rail0", 1: "rail1"}
@@ -88,11 +88,13 @@ def test_other_kinds():
 
 def test_hook_reports():
     m = _m()
-    a = m.from_report({"event": "rebuilt", "t_ns": 9, "client_id": 1, "job": "j", "rank": 3, "pid": 77, "epoch": 2, "rail_from": 0})
+    a = m.from_report({"event": "rebuilt", "t_ns": 9, "client_id": 1, "job": "j", "rank": 3, "pid": 77, "epoch": 2, "rail_from": 0}, 50)
     assert (a.event, a.fields["report"], a.fields["rank"], a.fields["detail"]) == ("rebuild", "rebuilt", 3, {"epoch": 2, "rail_from": 0})
-    assert m.from_report({"event": "migrating", "job": "j", "rank": 0, "spare": 1}).event == "migration"
-    assert m.from_report({"event": "ignored", "job": "j", "rank": 0}) is None
-    big = m.from_report({"event": "unmovable", "job": "j", "rank": 0, "reason": "x" * 10000})
+    assert a.t_mono_ns == 9  # the report's own time
+    mig = m.from_report({"event": "migrating", "job": "j", "rank": 0, "spare": 1}, 50)
+    assert mig.event == "migration" and mig.t_mono_ns == 50  # no t_ns in the report: now
+    assert m.from_report({"event": "ignored", "job": "j", "rank": 0}, 50) is None
+    big = m.from_report({"event": "unmovable", "job": "j", "rank": 0, "reason": "x" * 10000}, 50)
     assert big.fields["detail"] == {"truncated": True}
 
 
@@ -105,7 +107,7 @@ def test_compact_state_from_engine_status():
     from linkpass.core.engine import Engine
     cfg = parse_config('[daemon]\nhost = "h0"\nhost_ip = "198.19.0.1"\n[[rails]]\nid = 0\nnetdev = "rail0"\n'
                        '[[peers]]\nname = "h1"\nhost_ip = "198.19.0.2"\nrail_ips = { "0" = "198.18.0.2" }\n')
-    st = compact_state(Engine(cfg).status(0))
+    st = compact_state(Engine(policy_from_config(cfg)).status(0))
     assert st["generation"] == 0 and st["rails"][0]["id"] == 0 and st["rails"][0]["suppressed"] is False
     assert st["peers"] == [{"name": "h1", "usable_rails": None}]
     assert set(st) == {"generation", "applied_generation", "mode", "rails", "peers", "incident_counts"}

@@ -18,12 +18,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent / "topology"))
 
 import sysfs_trees as st
 
+from linkpass.config import parse_config, policy_from_config
 from linkpass.adapters.nccl_file import NcclEnvFile, write_atomic
 from linkpass.core.engine import Engine
 from linkpass.core.model import AddrChanged, LinkChanged, WriteNcclEnv
 from linkpass.core.nccl_env import health_from_status, plan_env_file
 from linkpass.cli import main
-from linkpass.config import parse_config
 
 ROOT = Path(__file__).resolve().parents[2]
 HGX_HCA = "=mlx5_0:1,mlx5_3:1,mlx5_4:1,mlx5_5:1,mlx5_6:1,mlx5_8:1,mlx5_9:1,mlx5_10:1"
@@ -260,7 +260,7 @@ def test_engine_computes_the_env_file_from_its_own_rails(tmp_path, tree):
     path = tmp_path / "nccl.env"
     cfg = _cfg(tmp_path, tree, path)
     f = NcclEnvFile(cfg)
-    eng = Engine(cfg, f.context)
+    eng = Engine(policy_from_config(cfg), f.context)
     (w,) = [a for a in eng.handle(snapshot(cfg, 0), 0) if isinstance(a, WriteNcclEnv)]
     # the addresses the netlink dump brings right after the first plan are in the file it writes
     for i, d in enumerate(DEVS):
@@ -274,7 +274,7 @@ def test_engine_computes_the_env_file_from_its_own_rails(tmp_path, tree):
     (w2,) = [a for a in eng.handle(LinkChanged(carrier_lost("ibp24s0"), 1), 1) if isinstance(a, WriteNcclEnv)]
     values = dict(line.split("=", 1) for line in w2.text.splitlines() if not line.startswith("#"))
     assert w2.generation == 2 and "mlx5_0:1" not in values["NCCL_IB_HCA"] and "mlx5_0:1" in HGX_HCA
-    assert not [a for a in Engine(cfg).handle(snapshot(cfg, 0), 0) if isinstance(a, WriteNcclEnv)]  # no context: no file
+    assert not [a for a in Engine(policy_from_config(cfg)).handle(snapshot(cfg, 0), 0) if isinstance(a, WriteNcclEnv)]  # no context: no file
 
 
 def test_env_file_written_atomically_only_on_newer_generations(tmp_path, tree):

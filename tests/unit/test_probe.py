@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from linkpass.config import probe_policy
 from linkpass.core.probe import (
     MAC_LEN,
     MAX_LEN,
@@ -533,7 +534,7 @@ def test_prober_silent_path_gets_confirm_probes_and_is_lost_at_bfd_detection_tim
     """A path that answered at t0 and then goes silent: a confirm train starts at the first
     miss, and at exactly t0 + 3 x 10 ms every outstanding probe is reported lost (the engine's
     DOWN rule then holds); a reply ends the train."""
-    from linkpass.adapters.probe_filter import ProbeFilter
+    from linkpass.core.probe_filter import ProbeFilter
     from linkpass.core.paths import PathHealth
 
     pr, clock, events = prober_for()
@@ -562,7 +563,7 @@ def test_prober_silent_path_gets_confirm_probes_and_is_lost_at_bfd_detection_tim
     assert len(misses) >= 3 and pr.counters["sent"] + pr.counters["send_errors"] >= 8  # 4 regular + confirm probes
     # the path health that the engine keeps, fed through the filter as in the daemon
     fwd = []
-    filt = ProbeFilter(pr.cfg, fwd.append)
+    filt = ProbeFilter(probe_policy(pr.cfg.probe), fwd.append)
     for e in events:
         filt(e)
     ph = PathHealth(0, "h1", 3, 10 * MS)
@@ -678,7 +679,7 @@ def _run(probers, clock, w, until):
 
 
 def test_passive_path_halves_probes_and_still_detects_at_bfd_time():
-    from linkpass.adapters.probe_filter import ProbeFilter
+    from linkpass.core.probe_filter import ProbeFilter
     from linkpass.core.paths import PathHealth
 
     probers, events, clock, w = _pair()
@@ -693,7 +694,7 @@ def test_passive_path_halves_probes_and_still_detects_at_bfd_time():
     _run(probers, clock, w, clock[0] + 100 * MS)
     for me, pr in probers.items():
         filt_out = []
-        f = ProbeFilter(pr.cfg, filt_out.append)
+        f = ProbeFilter(probe_policy(pr.cfg.probe), filt_out.append)
         for e in events[me]:
             f(e)
         ph = PathHealth(0, "h1" if me == "h0" else "h0", 3, 10 * MS)

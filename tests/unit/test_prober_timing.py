@@ -10,6 +10,7 @@ import socket
 
 import pytest
 
+from linkpass.config import probe_policy
 from linkpass.core.model import ProbeResult
 from linkpass.core.probe import REPLY, REQUEST, Probe, ProbeError, RequestGuard, encode
 from test_probe import KEY, prober_for
@@ -99,11 +100,11 @@ def test_a_single_rail_peer_cannot_be_judged_peer_wide():
 
 
 def test_probe_filter_leaves_peer_wide_misses_out_of_the_rail_loss():
-    from linkpass.adapters.probe_filter import ProbeFilter
+    from linkpass.core.probe_filter import ProbeFilter
 
     pr, _, _ = prober_for()
     posted = []
-    f = ProbeFilter(pr.cfg, posted.append)
+    f = ProbeFilter(probe_policy(pr.cfg.probe), posted.append)
     t = 0
     for i in range(200):
         t += 10 * MS
@@ -113,7 +114,7 @@ def test_probe_filter_leaves_peer_wide_misses_out_of_the_rail_loss():
     losses = [e for e in posted if e.__class__.__name__ == "ProbeLoss"]
     assert losses and all(e.loss == 0 for e in losses)
     # the same misses with the peer answering elsewhere are loss
-    f2 = ProbeFilter(pr.cfg, posted.append)
+    f2 = ProbeFilter(probe_policy(pr.cfg.probe), posted.append)
     for i in range(10):
         t += 10 * MS
         f2(ProbeResult(0, "h1", True, t, 20_000))

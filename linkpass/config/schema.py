@@ -1,51 +1,23 @@
-"""Typed, validated daemon configuration (TOML).
+"""The configuration schema: every section and option, validated with pydantic.
 
-The file is read with :mod:`tomllib` and validated with pydantic.  Every option is
-documented on its field below (``description=``; ``examples=`` gives the value the example
-file shows, commented out unless the option is required or marked
-``json_schema_extra=IN_EXAMPLE``); ``deploy/linkpass.toml.example`` is generated from this schema
-(:func:`linkpass.cli.config.render_example`, ``make example-config``).  Secrets are never
-options: an option ending in ``_file`` names a file (mode 0600) that holds the secret.
-
-Errors never surface as tracebacks: :func:`load_config` raises :class:`ConfigError`
-whose message is one line naming the file, the field and what is wrong, e.g.::
-
-    /etc/linkpass/linkpass.toml: rails[1].netdev: Field required
-
-Example (what ``linkpass fabric up`` writes for host 0 of a two-host, two-rail fabric)::
-
-    [daemon]
-    host = "h0"
-    mode = "host-ip"
-    host_ip = "198.19.0.1"
-    control_socket = "/run/linkpass/lp/h0.sock"
-    notice_key_file = "/run/linkpass/lp/notice.key"
-
-    [[rails]]
-    id = 0
-    netdev = "rail0"
-    address = "198.18.0.1"
-
-    [[peers]]
-    name = "h1"
-    host_ip = "198.19.0.2"
-    rail_ips = { "0" = "198.18.0.2", "1" = "198.18.1.2" }
+Every option is documented on its field (``description=``; ``examples=`` gives the value the
+example file shows, commented out unless the option is required or marked
+``json_schema_extra=IN_EXAMPLE``); ``deploy/linkpass.toml.example`` is generated from it
+(:func:`linkpass.cli.config.render_example`).  Validators raise ValueError with one-line
+messages; :mod:`linkpass.config.problems` turns them into ``<file>: <field>: <problem>``.
 """
 
 from __future__ import annotations
 
-import datetime
 import ipaddress
-import json
 import math
 import os
 import re
-import stat
-import tomllib
-from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictInt, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictInt, field_validator, model_validator
+
+from linkpass.config.values import _got, _shown
 
 #: Routing protocol number that tags every route linkpass installs (``ip route ... proto 201``).
 #: Linux reserves 0-4 for the kernel; iproute2's rt_protos names numbers up to 192; 201 is unnamed.
@@ -61,15 +33,6 @@ IN_EXAMPLE = {"in_example": True}
 HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
-def huge_number_text(e: ValueError) -> str:
-    """A reader's ValueError as one line for the user: Python's integer-digit limit is named as
-    what the input holds (its advice to call ``sys.set_int_max_str_digits`` is for programmers)."""
-    msg = str(e)
-    if "integer string conversion" in msg:
-        return "a number with more digits than any setting can use (Python reads integers of up to 4300 digits)"
-    return msg.split("; use sys.set_int_max_str_digits", 1)[0]
-
-
 def _ip_from_text(v: object) -> object:
     if not isinstance(v, str):
         raise ValueError(f"must be an IPv4 address in quotes, got {_got(v)}")
@@ -78,19 +41,6 @@ def _ip_from_text(v: object) -> object:
 
 #: An IPv4 address written as a TOML string ("198.18.0.1"); numbers are refused, not converted.
 IPv4 = Annotated[ipaddress.IPv4Address, BeforeValidator(_ip_from_text)]
-
-
-class ConfigError(Exception):
-    """A configuration file is missing, unreadable or invalid.
-
-    ``str(err)`` is a single line: ``<file>: <field>: <what is wrong>``.  ``err.problems``
-    lists every problem found, one such line each (``str(err)`` is the first, with a count of
-    the others); ``linkpass config check`` prints them all.
-    """
-
-    def __init__(self, message: str, problems: list[str] | None = None) -> None:
-        super().__init__(message)
-        self.problems: list[str] = list(problems) if problems else [message]
 
 
 def _finite_number(v):
@@ -475,304 +425,3 @@ class Config(_Strict):
             raise ValueError(f"hooks.socket: {self.hooks.socket} is also daemon.control_socket; the hooks socket needs a "
                              "path of its own (leave hooks.socket out for the default beside the control socket)")
         return self
-
-
-def _loc(loc: tuple) -> str:
-    out = ""
-    for part in loc:
-        if part == "[key]":
-            out += " (key)"
-        elif isinstance(part, int):
-            out += f"[{part}]"
-        else:
-            out += ("." if out else "") + str(part)
-    return out
-
-
-#: An unknown key with this name is taken for an inline secret (``password``, ``mqtt_token``, ``key``...).
-_SECRET_NAME = re.compile(r"(?i)(^|_)(pass(word|wd|phrase)?|secret|token|credentials?|key|psk)$")
-
-
-def _options_at(loc: tuple) -> list[str]:
-    """The option names of the table at ``loc`` (a pydantic error location), [] if unknown."""
-    import typing
-
-    model: object = Config
-    for part in loc:
-        if isinstance(part, int):
-            continue
-        fields = getattr(model, "model_fields", None)
-        if not fields or part not in fields:
-            return []
-        todo, model = [fields[part].annotation], None
-        while todo:  # unwrap list[X], X | None, ... down to a section model
-            t = todo.pop(0)
-            if isinstance(t, type) and issubclass(t, BaseModel):
-                model = t
-                break
-            todo.extend(typing.get_args(t))
-        if model is None:
-            return []
-    return list(getattr(model, "model_fields", {}))
-
-
-def _shown(v: object) -> str:
-    """A value as every message quotes it, in JSON/TOML style on one line: ``"a\\tb"`` (JSON string
-    escapes), ``true``, ``5``, ``1.5``, ``nan``, ``["a", 1]``; cut to 60 characters."""
-    if isinstance(v, bool):
-        text = "true" if v else "false"
-    elif isinstance(v, float) and not math.isfinite(v):
-        text = "nan" if math.isnan(v) else ("inf" if v > 0 else "-inf")
-    elif isinstance(v, (int, float)):
-        text = repr(v)
-    elif isinstance(v, (str, list, tuple, dict)):
-        text = json.dumps(v, ensure_ascii=False, default=str)
-    else:  # dates and times from TOML
-        text = v.isoformat() if hasattr(v, "isoformat") else str(v)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-#: TOML's names for the Python types tomllib returns (bool before int: a bool is an int).
-_TOML_KINDS = ((bool, "a boolean"), (int, "an integer"), (float, "a float"), (str, "a string"), (list, "an array"),
-               (dict, "a table"), (datetime.datetime, "a date-time"), (datetime.date, "a date"), (datetime.time, "a time"))
-
-
-def _got(v: object) -> str:
-    """What a TOML value is, for a message: ``a string "x"``, ``an integer 5``, ``a table``."""
-    kind = next((k for t, k in _TOML_KINDS if isinstance(v, t)), type(v).__name__)
-    return kind if isinstance(v, dict) else f"{kind} {_shown(v)}"
-
-
-def _wanted(loc: tuple, kind: str) -> str:
-    """What a table or array at ``loc`` should have been, in TOML words (for model/list/dict type errors)."""
-    name = ".".join(str(x) for x in loc if not isinstance(x, int))
-    if kind == "model_type":
-        return f"a table (a [[{name}]] entry)" if loc and isinstance(loc[-1], int) else f"a table ([{name}])"
-    if kind == "list_type":
-        return f"an array of tables ([[{name}]])" if _options_at(loc) else "an array"
-    return "a table"
-
-
-def _problem(err: dict) -> str:
-    """One ``<field>: <what is wrong>`` line for one pydantic error (no file name, no newline).
-
-    Field validators' "Value error, " prefix is dropped; a cross-field check that names its field
-    first (``"rails[1].address: ..."``) moves that name into the field; an unknown key gets a
-    did-you-mean hint, or, when it looks like a secret, the rule that secrets come only from
-    files; a wrong scalar value is quoted as ``(got ...)``.
-    """
-    import difflib
-
-    loc = tuple(err.get("loc", ()))
-    field = _loc(loc)
-    msg = str(err.get("msg", "invalid")).replace("\n", " ")
-    kind = err.get("type")
-    if msg.startswith("Value error, "):
-        msg = msg[len("Value error, "):]
-        # cross-field checks name their field at the start of the message: "rails[1].address: ..."
-        m = re.match(r"^([A-Za-z_][\w.\[\]]*): (.*)$", msg)
-        if m:
-            field = f"{field}.{m.group(1)}" if field else m.group(1)
-            msg = m.group(2)
-    elif kind == "extra_forbidden":
-        name = str(loc[-1]) if loc else ""
-        if _SECRET_NAME.search(name):
-            use = f"{name}_file" if f"{name}_file" in _options_at(loc[:-1]) else "a *_file option"
-            msg = ("secrets are never taken inline: put the secret in a file that only root can read "
-                   f"(mode 0600) and name that file with {use}")
-        else:
-            near = difflib.get_close_matches(name, _options_at(loc[:-1]), n=1, cutoff=0.6)
-            msg += f" (unknown option; did you mean {near[0]!r}?)" if near else " (unknown option)"
-    elif kind in ("model_type", "list_type", "dict_type"):  # not pydantic's class names: TOML's words
-        msg = f"must be {_wanted(loc, kind)}, got {_got(err.get('input'))}"
-    elif kind != "missing" and isinstance(err.get("input"), (str, int, float, bool)):
-        msg += f" (got {_shown(err['input'])})"
-    return f"{field or '(top level)'}: {msg}"
-
-
-def validation_problems(e: ValidationError, source: str) -> list[str]:
-    """Every problem of a failed validation, one ``<source>: <field>: <what is wrong>`` line each.
-
-    Cross-field checks (model validators) run only once every field is valid, so they show up
-    after the field errors are fixed.  Duplicate lines are dropped; the order is pydantic's.
-    """
-    out: list[str] = []
-    for err in e.errors():
-        line = f"{source}: {_problem(err)}"
-        if line not in out:
-            out.append(line)
-    return out
-
-
-def parse_config(text: str, source: str = "<config>") -> Config:
-    """Parse and validate TOML text.
-
-    Args:
-        text: the TOML document.
-        source: the name used in error messages (usually the file path).
-
-    Returns:
-        The validated :class:`Config`.
-
-    Raises:
-        ConfigError: one line ``<source>: <field>: <problem>``, or ``<source>: <problem>`` for
-            text that is not TOML, arrays/inline tables nested so deeply that the TOML reader
-            runs out of stack (RecursionError), or a document too large for memory.
-    """
-    text = text.removeprefix("\ufeff")  # a UTF-8 byte order mark (some Windows editors write one)
-    try:
-        raw = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as e:
-        why = str(e)
-        if why.endswith("(at end of document)"):  # name the place: the last line, after its last character
-            last = text.split("\n")
-            why = why[: -len(")")] + f", line {len(last)}, column {len(last[-1]) + 1})"
-        raise ConfigError(f"{source}: not valid TOML: {why}") from None
-    except RecursionError:  # tomllib recurses once per nested array / inline table
-        raise ConfigError(f"{source}: cannot parse: arrays or inline tables nested too deeply "
-                          "(past the TOML reader's recursion limit)") from None
-    except MemoryError:
-        raise ConfigError(f"{source}: cannot read: out of memory while parsing the TOML") from None
-    except ValueError as e:  # an integer past Python's 4300-digit conversion limit (sys.set_int_max_str_digits)
-        raise ConfigError(f"{source}: cannot parse: {huge_number_text(e)}") from None
-    try:
-        return Config.model_validate(raw)
-    except ValidationError as e:
-        problems = validation_problems(e, source)
-        more = f" (and {len(problems) - 1} more problem(s))" if len(problems) > 1 else ""
-        raise ConfigError(f"{problems[0]}{more}", problems) from None
-    except (RecursionError, MemoryError) as e:  # a deep value pydantic walks, or one too large to hold
-        raise ConfigError(f"{source}: cannot validate: {'values nested too deeply' if isinstance(e, RecursionError) else 'out of memory'}") from None
-
-
-def load_config(path: str | Path) -> Config:
-    """Read and validate a config file (:func:`read_text_file`, then :func:`parse_config`).
-
-    Raises:
-        ConfigError: missing or unreadable file, not a regular file, over 1 MiB, bad TOML, or
-            invalid values; the message names the file and the field.
-    """
-    return parse_config(read_text_file(path), str(Path(path)))
-
-
-#: The largest config file read (a full example config is about 20 KB).
-MAX_CONFIG_BYTES = 1 << 20
-
-_NOT_REGULAR = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-                (stat.S_ISSOCK, "a socket"))
-
-
-def _size_text(n: int) -> str:
-    return f"{n >> 20} MiB" if n and n % (1 << 20) == 0 else f"{n} bytes"
-
-
-def read_text_file(path: str | Path, *, limit: int = MAX_CONFIG_BYTES, what: str = "a config file") -> str:
-    """The text of a small UTF-8 file that linkpass reads whole (the config, the peers file).
-
-    Only a regular file is opened (checked with stat(2) first, and again with fstat(2) on the
-    descriptor, which is opened non-blocking so a FIFO swapped in cannot hang the reader); at most
-    ``limit`` + 1 bytes are read.  A UTF-8 byte order mark at the start is dropped.
-
-    Args:
-        path: the file.
-        limit: the largest size accepted, in bytes.
-        what: how messages name the file ("a config file", "a peers file").
-
-    Raises:
-        ConfigError: one line, ``<path>: <what is wrong>``: no such file, permission denied,
-            is a directory, not a regular file (a FIFO, a character device...), too large,
-            not UTF-8 text, or cannot read (with the OS's reason).
-    """
-    p = Path(path)
-
-    def refuse(why: str) -> ConfigError:
-        return ConfigError(f"{p}: {why}")
-
-    def os_error(e: OSError) -> ConfigError:
-        if isinstance(e, FileNotFoundError):
-            return refuse("no such file")
-        if isinstance(e, PermissionError):
-            return refuse("permission denied")
-        return refuse(f"cannot read: {e.strerror or e}")
-
-    def check(st: os.stat_result) -> None:
-        if stat.S_ISDIR(st.st_mode):
-            raise refuse(f"is a directory, not {what}")
-        if not stat.S_ISREG(st.st_mode):
-            kind = next((k for test, k in _NOT_REGULAR if test(st.st_mode)), "not a plain file")
-            raise refuse(f"not a regular file ({kind})")
-        if st.st_size > limit:
-            raise refuse(f"too large ({st.st_size} bytes; {what} is at most {_size_text(limit)})")
-
-    try:
-        check(os.stat(p))
-        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOCTTY", 0))
-    except OSError as e:
-        raise os_error(e) from None
-    with os.fdopen(fd, "rb") as f:
-        check(os.fstat(fd))  # the same file we stat()ed, not one swapped in since
-        try:
-            data = f.read(limit + 1)
-        except OSError as e:
-            raise os_error(e) from None
-    if len(data) > limit:  # grew after the stat
-        raise refuse(f"too large (over {limit} bytes; {what} is at most {_size_text(limit)})")
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise refuse(f"not UTF-8 text ({e.reason} at byte {e.start})") from None
-    return text.removeprefix("\ufeff")
-
-
-def notice_key(cfg: Config, source: str) -> bytes | None:
-    """The notice key of ``cfg`` (:func:`read_key_file` of ``daemon.notice_key_file``), None when unset.
-
-    Raises:
-        ConfigError: ``<source>: daemon.notice_key_file: <path>: <what is wrong>``.
-    """
-    if not cfg.daemon.notice_key_file:
-        return None
-    try:
-        return read_key_file(cfg.daemon.notice_key_file)
-    except ConfigError as e:
-        raise ConfigError(f"{source}: daemon.notice_key_file: {e}") from None
-
-
-#: The largest notice key file read, in bytes (`linkpass fabric` writes 64 hex digits).
-MAX_KEY_FILE_BYTES = 4096
-
-
-def read_key_file(path: str | Path) -> bytes:
-    """Read the shared notice key.
-
-    The file must be a regular file not readable or writable by group or others (mode 0600
-    or stricter), of at most :data:`MAX_KEY_FILE_BYTES` bytes, and hold at least 16 bytes after
-    stripping surrounding whitespace.  At most ``MAX_KEY_FILE_BYTES`` + 1 bytes are read.
-
-    Raises:
-        ConfigError: naming the file and what is wrong.
-    """
-    p = Path(path)
-    try:
-        st = p.stat()
-    except FileNotFoundError:
-        raise ConfigError(f"{p}: notice key file does not exist") from None
-    except OSError as e:
-        raise ConfigError(f"{p}: cannot stat notice key file: {e.strerror}") from None
-    if not stat.S_ISREG(st.st_mode):
-        raise ConfigError(f"{p}: notice key file is not a regular file")
-    if st.st_mode & 0o077:
-        raise ConfigError(f"{p}: notice key file has mode {st.st_mode & 0o777:04o}; it must be 0600 (no group/other access)")
-    if st.st_size > MAX_KEY_FILE_BYTES:
-        raise ConfigError(f"{p}: notice key file is {st.st_size} bytes; at most {MAX_KEY_FILE_BYTES} are read")
-    try:
-        with p.open("rb") as f:
-            key = f.read(MAX_KEY_FILE_BYTES + 1)
-    except OSError as e:
-        raise ConfigError(f"{p}: cannot read notice key file: {e.strerror}") from None
-    if len(key) > MAX_KEY_FILE_BYTES:  # grew after the stat
-        raise ConfigError(f"{p}: notice key file is over {MAX_KEY_FILE_BYTES} bytes; at most {MAX_KEY_FILE_BYTES} are read")
-    key = key.strip()
-    if len(key) < 16:
-        raise ConfigError(f"{p}: notice key is {len(key)} bytes; at least 16 are required")
-    return key

@@ -20,8 +20,8 @@ import dataclasses
 from collections import deque
 from collections.abc import Callable
 
-from linkpass.config import Config
 from linkpass.core.model import Event, ProbeLoss, ProbeResult
+from linkpass.core.policy import ProbePolicy
 
 REPORT_S = 0.25
 REPORT_NS = int(REPORT_S * 1e9)
@@ -30,13 +30,17 @@ REPORT_NS = int(REPORT_S * 1e9)
 class ProbeFilter:
     """Callable that takes ProbeResults from the prober and posts what the engine needs.
 
+    Pure (no clock, no I/O): times come from the results' ``t_ns``; what it passes on goes to
+    ``post``.
+
     Args:
-        cfg: config (probe.loss_window_ms, probe.degraded_loss).
-        post: the engine queue's ``put_nowait``.
+        probe: probe settings (``detect_multiplier``, ``interval_ms``, ``loss_window_ms``,
+            ``degraded_loss``); :func:`linkpass.config.probe_policy` builds them.
+        post: where events go (the engine queue's ``put_nowait``).
     """
 
-    def __init__(self, cfg: Config, post: Callable[[Event], None]):
-        self.cfg = cfg
+    def __init__(self, probe: ProbePolicy, post: Callable[[Event], None]):
+        self.probe = probe
         self.post = post
         self.last_ok: dict[tuple[int, str], bool] = {}
         self.last_ok_ns: dict[tuple[int, str], int] = {}
@@ -51,13 +55,14 @@ class ProbeFilter:
         self.forwarded = 0
         self.absorbed = 0
 
-    def reconfigure(self, cfg: Config) -> None:
-        self.cfg = cfg
+    def reconfigure(self, probe: ProbePolicy) -> None:
+        """New probe settings after a config reload (the windows kept so far stay)."""
+        self.probe = probe
 
     def _dead_streak(self) -> int:
         # long enough that heavy random loss (50 % of round trips) almost never looks dead
         # (0.5^20 per probe), short enough that a really dead path leaves the ratio in ~0.2 s
-        return max(20, 2 * self.cfg.probe.detect_multiplier)
+        return max(20, 2 * self.probe.detect_multiplier)
 
     def __call__(self, ev: Event) -> None:
         if not isinstance(ev, ProbeResult):
@@ -100,14 +105,14 @@ class ProbeFilter:
         there (the dead time is not loss either)."""
         rail = ev.rail
         win = self.path_window.get(key)
-        if ev.ok and win and not self.streak.get(key, 0) and win[0][0] >= ev.t_ns - self.cfg.probe.loss_window_ms * 1_000_000:
+        if ev.ok and win and not self.streak.get(key, 0) and win[0][0] >= ev.t_ns - self.probe.loss_window_ms * 1_000_000:
             # the common case, kept cheap (thousands a second): an answer on a live path whose
             # window has nothing to expire
             win.append((ev.t_ns, True))
             n = self.rail_n[rail] = self.rail_n.get(rail, 0) + 1
             self._report(rail, self.rail_lost.get(rail, 0) / n, n, ev.t_ns)
             return
-        if not ev.ok and ev.t_ns < self.revived_ns.get(key, -1) + self.cfg.probe.interval_ms * 1_000_000:
+        if not ev.ok and ev.t_ns < self.revived_ns.get(key, -1) + self.probe.interval_ms * 1_000_000:
             return  # a probe sent while the path was still dead, lost after it came back: not loss
         was_live = self._live(key)
         self.streak[key] = 0 if ev.ok else self.streak.get(key, 0) + 1
@@ -119,7 +124,7 @@ class ProbeFilter:
             self.path_lost[key] = 0
         win.append((ev.t_ns, ev.ok))
         lost = self.path_lost.get(key, 0) + (0 if ev.ok else 1)
-        horizon = ev.t_ns - self.cfg.probe.loss_window_ms * 1_000_000
+        horizon = ev.t_ns - self.probe.loss_window_ms * 1_000_000
         gone = gone_lost = 0
         while win and win[0][0] < horizon:
             _, ok = win.popleft()
@@ -142,7 +147,7 @@ class ProbeFilter:
     def _report(self, rail: int, ratio: float, n: int, t_ns: int) -> None:
         """Post the rail's ratio at most every REPORT_S, and at once when it crosses the
         DEGRADED threshold."""
-        side = ratio > self.cfg.probe.degraded_loss
+        side = ratio > self.probe.degraded_loss
         if side != self.last_side.get(rail, False) or t_ns - self.last_report.get(rail, -REPORT_NS) >= REPORT_NS:
             self.last_side[rail] = side
             self.last_report[rail] = t_ns
