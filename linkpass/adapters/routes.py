@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from dataclasses import dataclass
 import logging
 import socket
 import time
@@ -53,19 +54,27 @@ def _route_from_msg(msg, names: dict[int, str]) -> RouteSpec | None:
     return RouteSpec(prefix, tuple(sorted(nhs)), msg.get("prefsrc"), int(table), int(msg.get("priority") or 0), int(msg.get("proto") or 0))
 
 
+@dataclass(frozen=True)
+class RouteSettings:
+    """What the actuator owns: the routes tagged with routing protocol number ``proto``
+    (rtm_protocol, 5..255) in routing table ``table`` (254 = main)."""
+
+    proto: int
+    table: int = 254
+
+
 class RouteActuator:
     """Applies :class:`~linkpass.core.model.ApplyRoutes` plans with pyroute2.
 
     Args:
         post: where to post RoutesApplied events.
-        proto: our routing protocol number.
-        table: the routing table we manage.
+        settings: our routing protocol number and table (:class:`RouteSettings`); a reloaded
+            config brings new ones through :meth:`reconfigure`.
     """
 
-    def __init__(self, post: Callable[[Event], None], proto: int, table: int):
+    def __init__(self, post: Callable[[Event], None], settings: RouteSettings):
         self.post = post
-        self.proto = proto
-        self.table = table
+        self.settings = settings
         self._pending: ApplyRoutes | None = None
         self._wake = asyncio.Event()
         self.applied_generation = 0
@@ -74,6 +83,21 @@ class RouteActuator:
         self._sock: AsyncIPRoute | None = None
         self._cache: list[RouteSpec] | None = None
         self._idx: dict[str, int] = {}
+
+    @property
+    def proto(self) -> int:
+        return self.settings.proto
+
+    @property
+    def table(self) -> int:
+        return self.settings.table
+
+    def reconfigure(self, settings: RouteSettings) -> None:
+        """Adopt new settings (a reloaded config) from the next pass on; a changed table or
+        protocol makes that pass read the kernel again (the cached picture is of the old ones)."""
+        if settings != self.settings:
+            self.settings = settings
+            self._cache = None
 
     def submit(self, plan: ApplyRoutes) -> None:
         """Queue a plan (replacing any not yet started one; a resync request is kept)."""
@@ -148,18 +172,19 @@ class RouteActuator:
         last replacement; the end of the pass if nothing needed replacing).
         """
         errors: list[str] = []
+        settings = self.settings  # one pass, one picture: a reconfigure takes effect on the next
         ipr = await self._ipr()
         replaced = deleted = 0
         t_in = None
         if full and self._cache is not None:
-            early = diff(plan.routes, self._cache, self.proto, plan.keep_dsts)
+            early = diff(plan.routes, self._cache, settings.proto, plan.keep_dsts)
             have = {r.key: r for r in self._cache}
             rep, _, t_in = await self._apply(ipr, [op for op in early.ops if op.op == "replace"], have, errors)
             replaced += rep
             self._cache = None
         if self._cache is None:
             self._cache = await self.observed(ipr)
-        d = diff(plan.routes, self._cache, self.proto, plan.keep_dsts)
+        d = diff(plan.routes, self._cache, settings.proto, plan.keep_dsts)
         have = {r.key: r for r in self._cache}
         rep, dele, t_last = await self._apply(ipr, d.ops, have, errors)
         replaced += rep
@@ -173,7 +198,7 @@ class RouteActuator:
             log.warning("route conflict: %s", c)
         if errors:
             self._drop_caches()
-        else:
+        elif self.settings == settings:
             self._cache = list(have.values())
         self.ops_total += replaced + deleted
         self.errors_total += len(errors)
