@@ -46,7 +46,7 @@ test: install $(PROMTOOL)
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests
 
 unit: install $(PROMTOOL)
-	$(BIN)/python -m pytest -q -p no:cacheprovider tests/unit
+	$(BIN)/python -m pytest -q -p no:cacheprovider tests/unit tests/scenarios
 
 bench: install
 	$(BIN)/python bench/detect_reroute.py --cuts 50 --json bench/results/detect_reroute.json

@@ -46,7 +46,7 @@ from linkpass.adapters.nccl_file import NcclEnvFile
 from linkpass.adapters.netlink import NetlinkMonitor
 from linkpass.adapters.notices import NoticeService
 from linkpass.adapters.prober import Prober
-from linkpass.adapters.routes import RouteActuator
+from linkpass.adapters.routes import RouteActuator, RouteSettings
 from linkpass.adapters.sdnotify import SdNotifier, ServiceNotifier
 from linkpass.config import Config, ConfigError, load_config, notice_key, policy_from_config, probe_policy
 from linkpass.core.engine import Engine
@@ -199,7 +199,7 @@ class Daemon:
         if self.key is None:
             log.warning("no notice_key_file configured: peer notices are disabled")
         self.monitor = NetlinkMonitor(self.queue.put_nowait, self._route_filter, cfg.daemon.netlink_rcvbuf_bytes)
-        self.routes = RouteActuator(self.queue.put_nowait, cfg.daemon.route_protocol, cfg.daemon.route_table)
+        self.routes = RouteActuator(self.queue.put_nowait, RouteSettings(cfg.daemon.route_protocol, cfg.daemon.route_table))
         self.notices = NoticeService(cfg, self.key, self.queue.put_nowait) if self.key else None
         self.probe_filter = ProbeFilter(probe_policy(cfg.probe), self.queue.put_nowait)
         self.prober = Prober(cfg, self.key, self.probe_filter) if (self.key and cfg.probe.enabled) else None
@@ -648,7 +648,7 @@ class Daemon:
             log.warning("[hooks] socket is now %s (was %s); the new hooks socket takes effect only after a restart, "
                         "until then hooks keep connecting to %s", new_hooks or "off", old_hooks or "off", old_hooks or "nothing")
         self.cfg = cfg
-        self.routes.proto, self.routes.table = cfg.daemon.route_protocol, cfg.daemon.route_table
+        self.routes.reconfigure(RouteSettings(cfg.daemon.route_protocol, cfg.daemon.route_table))
         if self.notices and key:
             self.notices.reconfigure(cfg, key)
         if self.prober and key:

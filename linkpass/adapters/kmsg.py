@@ -25,16 +25,13 @@ their incidents are recorded but never acted on (nobody knows whether they were 
 Incremental classification: the last ``window_lines`` lines are kept and classified again as
 each batch arrives (batches settle for 50 ms so a multi-line NVRM message arrives whole); an
 incident that happens in the new batch (its first line, or a repeat of it: the same code on the
-same device again) is posted, unless the same code on the same device was already seen less
-than :data:`REPEAT_WINDOW_NS` before (the arrival time of its previous sighting; each sighting
-restarts the window): repeats within the window are one incident (counted as
-``repeats_collapsed``), a recurrence after a quiet window is a new incident and is posted
-again (the same Xid on the same GPU for a new job, a second injected fault).  The window is
-the engine's :data:`~linkpass.core.engine.INCIDENT_DEDUP_NS`, and an incident's ``t_ns`` is
-its arrival time, so a recurrence the follower posts is never taken by the engine for a
-duplicate.  Backlog sightings start no window (a live fault right after a start that read an
-old one from the log is acted on).  One whose root is older carries ``follows``.  Nothing read can crash the follower: bad records are counted and skipped,
-a classifier failure is logged and the batch dropped.  A kmsg that cannot be opened (not root,
+same device again) is posted with its arrival time as ``t_ns``; one whose root is older carries
+``follows``.  The follower keeps no memory of what it posted: whether a repeat is the same
+incident or a new one (the same Xid on the same GPU for a new job) is decided by the engine's
+one dedup window (``INCIDENT_DEDUP_NS`` in :mod:`linkpass.core.engine`), which also merges the
+same fault seen through NVML and lets backlog sightings start no window.  Nothing read can
+crash the follower: bad records are counted and skipped, a classifier failure is logged and
+the batch dropped.  A kmsg that cannot be opened (not root,
 a container without /dev/kmsg) is one WARNING and the source is off.
 """
 
@@ -55,7 +52,6 @@ from pathlib import Path
 from typing import Any
 
 from linkpass.core.classify import classify_report
-from linkpass.core.engine import INCIDENT_DEDUP_NS
 from linkpass.core.model import DeviceIncident
 
 log = logging.getLogger("linkpass.kmsg")
@@ -63,11 +59,6 @@ log = logging.getLogger("linkpass.kmsg")
 #: a kmsg record is at most ~8 KiB (PRINTK_MESSAGE_MAX + dictionary); a short buffer gives EINVAL
 READ_SIZE = 65536
 BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
-#: the same code on the same device seen again within this many ns of its previous sighting
-#: is a repeat of the same incident (not posted again); later, it is a new incident
-REPEAT_WINDOW_NS = INCIDENT_DEDUP_NS
-#: (code, device) sightings kept for the repeat window (the oldest are forgotten beyond this)
-_SEEN_KEPT = 4096
 _REC = re.compile(r"^(\d{1,4}),(\d{1,20}),(\d{1,20}),([^;]{0,16});(.*)$", re.S)
 _DICT = re.compile(r"^ [A-Z_][A-Z0-9_]*=")
 
@@ -144,8 +135,8 @@ class KmsgFollower:
     Attributes:
         counters: ``records``, ``plain_lines``, ``bad_records``, ``overruns`` (EPIPE),
             ``seq_gaps`` (records missing between two seqs), ``skipped_resume``,
-            ``skipped_duplicate``, ``incidents``, ``repeats_collapsed`` (repeats within the
-            repeat window, not posted), ``classify_errors``, ``state_errors``, ``read_errors``.
+            ``skipped_duplicate``, ``incidents`` (posted, repeats included), ``classify_errors``,
+            ``state_errors``, ``read_errors``.
         last_seq: the last record sequence number read (None before the first).
         active: True while the source runs.
     """
@@ -176,7 +167,6 @@ class KmsgFollower:
         self._saved_at = 0.0
         self._boot_id = self._read_boot_id()
         self._os_read = os.read  # tests replace it to simulate EPIPE
-        self._seen: dict[tuple[str, str | None], int] = {}  # (code, device) -> arrival ns of the last sighting
 
     # ------------------------------------------------------------------ open / state
 
@@ -348,7 +338,8 @@ class KmsgFollower:
     # ------------------------------------------------------------------ classification
 
     def classify(self, lines: list[_Line], now_ns: int) -> list[DeviceIncident]:
-        """Add lines to the window, classify it, post and return the incidents that are new."""
+        """Add lines to the window, classify it, post and return the incidents that happen in
+        ``lines`` (a repeat of an earlier one included: the engine decides whether it is new)."""
         if not lines:
             return []
         start = self._next
@@ -372,16 +363,6 @@ class KmsgFollower:
             fresh = [window[n - 1] for n in (inc.lines or (inc.first_line,)) if 1 <= n <= len(window) and window[n - 1].n >= start]
             if not fresh:
                 continue  # nothing of it in this batch (a related event, e.g. a link back up, is not a new incident)
-            key = (inc.code, inc.device)
-            last = self._seen.get(key)
-            if not all(w.backlog for w in fresh):  # backlog (old, never acted on) starts no window
-                self._seen[key] = now_ns
-            if last is not None and now_ns - last < REPEAT_WINDOW_NS:
-                self.counters["repeats_collapsed"] += 1
-                continue  # the same incident again within the window
-            if len(self._seen) > _SEEN_KEPT:
-                for k in sorted(self._seen, key=self._seen.__getitem__)[:_SEEN_KEPT // 4]:
-                    del self._seen[k]
             w = fresh[0]
             follows = None
             if inc.secondary_of is not None and 0 <= inc.secondary_of < len(incs):

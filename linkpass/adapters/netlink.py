@@ -10,6 +10,9 @@ On a netlink overrun (the kernel reports ENOBUFS when the socket buffer overflow
 events were lost) or any socket error, the monitor reopens its sockets, subscribes again and
 posts a fresh :class:`~linkpass.core.model.LinkSnapshot`, so the engine never runs on a stale
 picture.  A message that cannot be decoded is counted and skipped.
+
+The translation of messages into events (:func:`event_from_msg`, :func:`snapshot_events`) is
+pure, tested on recorded kernel messages (tests/unit/test_netlink_messages.py).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import errno
 import logging
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from pyroute2 import AsyncIPRoute
 from pyroute2.netlink.exceptions import NetlinkError
@@ -52,6 +55,68 @@ def link_facts(msg) -> LinkFacts | None:
         carrier=bool(flags & IFF_LOWER_UP),
         operstate=str(msg.get("operstate") or "UNKNOWN"),
     )
+
+
+def addr_event(msg, t_ns: int, ifindex: Mapping[int, str]) -> AddrChanged | None:
+    """An ifaddrmsg (RTM_NEWADDR/RTM_DELADDR or dump entry) as :class:`AddrChanged` at
+    ``t_ns``; None when its ifindex is not in ``ifindex`` (ifindex -> netdev) or it has no
+    address."""
+    dev = ifindex.get(msg.get("index"))
+    addr = msg.get("address")
+    if not (dev and addr):
+        return None
+    return AddrChanged(dev, addr, int(msg.get("prefixlen") or 0), msg.get("event") != "RTM_DELADDR", t_ns)
+
+
+def route_dst(msg) -> str:
+    """An rtmsg's destination prefix, ``a.b.c.d/len`` (``0.0.0.0/0`` for a default route)."""
+    dst = msg.get("dst")
+    return f"{dst or '0.0.0.0'}/{msg.get('dst_len', 0)}"
+
+
+def event_from_msg(msg, t_ns: int, ifindex: Mapping[int, str],
+                   route_filter: Callable[[str, int], bool] | None = None) -> Event | None:
+    """What one streamed rtnetlink message means, stamped ``t_ns`` (monotonic ns of receipt).
+
+    RTM_NEWLINK/RTM_DELLINK -> :class:`LinkChanged`; RTM_NEWADDR/RTM_DELADDR ->
+    :class:`AddrChanged` (see :func:`addr_event`); RTM_NEWROUTE/RTM_DELROUTE ->
+    :class:`RouteChanged` when ``route_filter(dst, proto)`` allows it (all when None).  Any
+    other message, and the ones left out, give None.  Pure: the caller keeps ``ifindex``.
+
+    Raises:
+        ValueError: a link message without an interface name.
+    """
+    kind = msg.get("event")
+    if kind in ("RTM_NEWLINK", "RTM_DELLINK"):
+        f = link_facts(msg)
+        if f is None:
+            raise ValueError(f"{kind} without an interface name (ifindex {msg.get('index')})")
+        return LinkChanged(f, t_ns)
+    if kind in ("RTM_NEWADDR", "RTM_DELADDR"):
+        return addr_event(msg, t_ns, ifindex)
+    if kind in ("RTM_NEWROUTE", "RTM_DELROUTE"):
+        dst = route_dst(msg)
+        proto = int(msg.get("proto") or 0)
+        if route_filter is not None and not route_filter(dst, proto):
+            return None
+        table = msg.get("table") or msg.get("RTA_TABLE") or 0
+        return RouteChanged(dst, proto, int(table), kind == "RTM_DELROUTE", t_ns)
+    return None
+
+
+def snapshot_events(links, addrs, t_ns: int, reason: str) -> tuple[dict[int, str], list[Event]]:
+    """A dump's link and IPv4 address messages -> (ifindex -> netdev, events): one
+    :class:`LinkSnapshot` of every named link, then an :class:`AddrChanged` per address."""
+    facts: list[LinkFacts] = []
+    ifindex: dict[int, str] = {}
+    for msg in links:
+        f = link_facts(msg)
+        if f is not None:
+            facts.append(f)
+            ifindex[msg["index"]] = f.netdev
+    events: list[Event] = [LinkSnapshot(tuple(facts), t_ns, reason)]
+    events += [e for msg in addrs if (e := addr_event(msg, t_ns, ifindex)) is not None]
+    return ifindex, events
 
 
 class NetlinkMonitor:
@@ -89,48 +154,26 @@ class NetlinkMonitor:
         return ev
 
     async def dump(self, reason: str) -> None:
-        """Dump all links (and IPv4 addresses) and post a LinkSnapshot."""
-        links = []
+        """Dump all links (and IPv4 addresses) and post a LinkSnapshot, then the addresses."""
         async with AsyncIPRoute() as ipr:
-            async for msg in await ipr.link("dump"):
-                f = link_facts(msg)
-                if f is not None:
-                    links.append(f)
-                    self.ifindex[msg["index"]] = f.netdev
-            addrs = []
-            async for msg in await ipr.addr("dump", family=2):
-                addrs.append(msg)
-        t = time.monotonic_ns()
-        self.post(LinkSnapshot(tuple(links), t, reason))
-        for msg in addrs:
-            self._post_addr(msg, t)
-
-    def _post_addr(self, msg, t: int) -> None:
-        dev = self.ifindex.get(msg.get("index"))
-        addr = msg.get("address")
-        if dev and addr:
-            self.post(AddrChanged(dev, addr, int(msg.get("prefixlen") or 0), msg.get("event") != "RTM_DELADDR", t))
+            links = [msg async for msg in await ipr.link("dump")]
+            addrs = [msg async for msg in await ipr.addr("dump", family=2)]
+        ifindex, events = snapshot_events(links, addrs, time.monotonic_ns(), reason)
+        self.ifindex.update(ifindex)
+        for e in events:
+            self.post(e)
 
     def _handle(self, msg) -> None:
-        t = time.monotonic_ns()
-        kind = msg.get("event")
-        if kind in ("RTM_NEWLINK", "RTM_DELLINK"):
-            f = link_facts(msg)
-            if f is None:
-                self.bad_messages += 1
-                return
-            if kind == "RTM_NEWLINK":
-                self.ifindex[msg["index"]] = f.netdev
-            self.post(LinkChanged(f, t))
-        elif kind in ("RTM_NEWADDR", "RTM_DELADDR"):
-            self._post_addr(msg, t)
-        elif kind in ("RTM_NEWROUTE", "RTM_DELROUTE"):
-            dst = msg.get("dst")
-            dst = f"{dst}/{msg.get('dst_len', 0)}" if dst else f"0.0.0.0/{msg.get('dst_len', 0)}"
-            proto = int(msg.get("proto") or 0)
-            if self.route_filter is None or self.route_filter(dst, proto):
-                table = msg.get("table") or msg.get("RTA_TABLE") or 0
-                self.post(RouteChanged(dst, proto, int(table), kind == "RTM_DELROUTE", t))
+        try:
+            ev = event_from_msg(msg, time.monotonic_ns(), self.ifindex, self.route_filter)
+        except ValueError:
+            self.bad_messages += 1
+            return
+        if ev is None:
+            return
+        if isinstance(ev, LinkChanged) and msg.get("event") == "RTM_NEWLINK":
+            self.ifindex[msg["index"]] = ev.facts.netdev
+        self.post(ev)
 
     async def run(self) -> None:
         """Run forever: subscribe, dump, stream; resync on overrun or error."""

@@ -6,16 +6,21 @@ protocol number; only routes carrying that tag are ever replaced or deleted
 newer plans overwrite the pending one, so a flapping link cannot queue up stale work.
 After each pass the actuator posts :class:`~linkpass.core.model.RoutesApplied` with the
 monotonic time the last kernel ACK arrived.
+
+The message translations (:func:`route_from_msg`, :func:`replace_request`,
+:func:`delete_request`, :func:`neighbors_to_purge`) are pure, tested on recorded kernel
+messages (tests/unit/test_netlink_messages.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+from dataclasses import dataclass
 import logging
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from pyroute2 import AsyncIPRoute
 from pyroute2.netlink.exceptions import NetlinkError
@@ -32,7 +37,12 @@ NUD_NOARP = 0x40
 NUD_PERMANENT = 0x80
 
 
-def _route_from_msg(msg, names: dict[int, str]) -> RouteSpec | None:
+def route_from_msg(msg, names: Mapping[int, str]) -> RouteSpec | None:
+    """An rtmsg (route dump entry) as :class:`RouteSpec`; None when it is not IPv4.
+
+    ``names`` maps ifindex -> netdev (an unknown ifindex reads ``if<N>``); nexthops are sorted,
+    a missing gateway is ``""``, a missing table is 254 (main).
+    """
     if msg.get("family") != socket.AF_INET:
         return None
     dst = msg.get("dst")
@@ -53,19 +63,71 @@ def _route_from_msg(msg, names: dict[int, str]) -> RouteSpec | None:
     return RouteSpec(prefix, tuple(sorted(nhs)), msg.get("prefsrc"), int(table), int(msg.get("priority") or 0), int(msg.get("proto") or 0))
 
 
+def link_names(links) -> dict[int, str]:
+    """ifindex -> netdev from a link dump's ifinfmsgs."""
+    return {m["index"]: m.get("ifname") for m in links}
+
+
+def replace_request(r: RouteSpec, ifindex: Mapping[str, int]) -> dict:
+    """The keyword arguments of ``ipr.route("replace", ...)`` installing ``r``: one nexthop as
+    ``gateway``/``oif``, several as ``multipath`` (RTA_MULTIPATH); ``ifindex`` maps netdev ->
+    ifindex.  Raises KeyError for a nexthop netdev not in ``ifindex``."""
+    kw = {"dst": r.dst, "table": r.table, "proto": r.proto, "priority": r.metric}
+    if r.prefsrc:
+        kw["prefsrc"] = r.prefsrc
+    if len(r.nexthops) == 1:
+        nh = r.nexthops[0]
+        kw["gateway"] = nh.gateway
+        kw["oif"] = ifindex[nh.netdev]
+    else:
+        kw["multipath"] = [{"gateway": nh.gateway, "oif": ifindex[nh.netdev]} for nh in r.nexthops]
+    return kw
+
+
+def delete_request(r: RouteSpec) -> dict:
+    """The keyword arguments of ``ipr.route("del", ...)`` removing our route ``r`` (matched
+    by destination, table, metric and our protocol number, never by nexthops)."""
+    return {"dst": r.dst, "table": r.table, "priority": r.metric, "proto": r.proto}
+
+
+def neighbors_to_purge(entries, ifindex: int, only_states: int | None = None) -> list[str]:
+    """The IPv4 addresses of the dynamic neighbour entries (ndmsgs of a dump) on ``ifindex``
+    to delete: never PERMANENT or NOARP ones; with ``only_states``, only entries in those NUD
+    states."""
+    out = []
+    for m in entries:
+        state = m.get("state", 0) or 0
+        if m.get("ifindex") != ifindex or state & (NUD_PERMANENT | NUD_NOARP):
+            continue
+        if only_states is not None and not state & only_states:
+            continue
+        dst = m.get("dst")
+        if dst:
+            out.append(dst)
+    return out
+
+
+@dataclass(frozen=True)
+class RouteSettings:
+    """What the actuator owns: the routes tagged with routing protocol number ``proto``
+    (rtm_protocol, 5..255) in routing table ``table`` (254 = main)."""
+
+    proto: int
+    table: int = 254
+
+
 class RouteActuator:
     """Applies :class:`~linkpass.core.model.ApplyRoutes` plans with pyroute2.
 
     Args:
         post: where to post RoutesApplied events.
-        proto: our routing protocol number.
-        table: the routing table we manage.
+        settings: our routing protocol number and table (:class:`RouteSettings`); a reloaded
+            config brings new ones through :meth:`reconfigure`.
     """
 
-    def __init__(self, post: Callable[[Event], None], proto: int, table: int):
+    def __init__(self, post: Callable[[Event], None], settings: RouteSettings):
         self.post = post
-        self.proto = proto
-        self.table = table
+        self.settings = settings
         self._pending: ApplyRoutes | None = None
         self._wake = asyncio.Event()
         self.applied_generation = 0
@@ -74,6 +136,21 @@ class RouteActuator:
         self._sock: AsyncIPRoute | None = None
         self._cache: list[RouteSpec] | None = None
         self._idx: dict[str, int] = {}
+
+    @property
+    def proto(self) -> int:
+        return self.settings.proto
+
+    @property
+    def table(self) -> int:
+        return self.settings.table
+
+    def reconfigure(self, settings: RouteSettings) -> None:
+        """Adopt new settings (a reloaded config) from the next pass on; a changed table or
+        protocol makes that pass read the kernel again (the cached picture is of the old ones)."""
+        if settings != self.settings:
+            self.settings = settings
+            self._cache = None
 
     def submit(self, plan: ApplyRoutes) -> None:
         """Queue a plan (replacing any not yet started one; a resync request is kept)."""
@@ -85,12 +162,10 @@ class RouteActuator:
 
     async def observed(self, ipr: AsyncIPRoute) -> list[RouteSpec]:
         """Every IPv4 route in our table (ours and others')."""
-        names = {}
-        async for link in await ipr.link("dump"):
-            names[link["index"]] = link.get("ifname")
+        names = link_names([link async for link in await ipr.link("dump")])
         out = []
         async for msg in await ipr.route("dump", family=socket.AF_INET, table=self.table):
-            r = _route_from_msg(msg, names)
+            r = route_from_msg(msg, names)
             if r is not None:
                 out.append(r)
         return out
@@ -124,7 +199,7 @@ class RouteActuator:
                     have[r.key] = r
                     t_last = time.monotonic_ns()
                 else:
-                    await ipr.route("del", dst=r.dst, table=r.table, priority=r.metric, proto=r.proto)
+                    await ipr.route("del", **delete_request(r))
                     deleted += 1
                     have.pop(r.key, None)
                 log.info("route %s", op.describe())
@@ -148,18 +223,19 @@ class RouteActuator:
         last replacement; the end of the pass if nothing needed replacing).
         """
         errors: list[str] = []
+        settings = self.settings  # one pass, one picture: a reconfigure takes effect on the next
         ipr = await self._ipr()
         replaced = deleted = 0
         t_in = None
         if full and self._cache is not None:
-            early = diff(plan.routes, self._cache, self.proto, plan.keep_dsts)
+            early = diff(plan.routes, self._cache, settings.proto, plan.keep_dsts)
             have = {r.key: r for r in self._cache}
             rep, _, t_in = await self._apply(ipr, [op for op in early.ops if op.op == "replace"], have, errors)
             replaced += rep
             self._cache = None
         if self._cache is None:
             self._cache = await self.observed(ipr)
-        d = diff(plan.routes, self._cache, self.proto, plan.keep_dsts)
+        d = diff(plan.routes, self._cache, settings.proto, plan.keep_dsts)
         have = {r.key: r for r in self._cache}
         rep, dele, t_last = await self._apply(ipr, d.ops, have, errors)
         replaced += rep
@@ -173,7 +249,7 @@ class RouteActuator:
             log.warning("route conflict: %s", c)
         if errors:
             self._drop_caches()
-        else:
+        elif self.settings == settings:
             self._cache = list(have.values())
         self.ops_total += replaced + deleted
         self.errors_total += len(errors)
@@ -204,14 +280,7 @@ class RouteActuator:
             return 0
         n = 0
         entries = [m async for m in await ipr.neigh("dump", ifindex=idx, family=socket.AF_INET)]
-        for m in entries:
-            if m.get("ifindex") != idx or m.get("state", 0) & (NUD_PERMANENT | NUD_NOARP):
-                continue
-            if only_states is not None and not m.get("state", 0) & only_states:
-                continue
-            dst = m.get("dst")
-            if not dst:
-                continue
+        for dst in neighbors_to_purge(entries, idx, only_states):
             try:
                 await ipr.neigh("del", dst=dst, ifindex=idx)
                 n += 1
@@ -266,16 +335,7 @@ class RouteActuator:
 
     async def _kwargs(self, ipr: AsyncIPRoute, r: RouteSpec) -> dict:
         idx = {nh.netdev: await self._ifindex(ipr, nh.netdev) for nh in r.nexthops}
-        kw = {"dst": r.dst, "table": r.table, "proto": r.proto, "priority": r.metric}
-        if r.prefsrc:
-            kw["prefsrc"] = r.prefsrc
-        if len(r.nexthops) == 1:
-            nh = r.nexthops[0]
-            kw["gateway"] = nh.gateway
-            kw["oif"] = idx[nh.netdev]
-        else:
-            kw["multipath"] = [{"gateway": nh.gateway, "oif": idx[nh.netdev]} for nh in r.nexthops]
-        return kw
+        return replace_request(r, idx)
 
     async def run(self) -> None:
         """Apply plans as they come, newest first; never dies on a failed operation."""

@@ -59,10 +59,10 @@ log = logging.getLogger("linkpass.engine")
 HISTORY_LEN = 2000
 #: recent device incidents kept for ``status()["incidents"]``
 INCIDENTS_KEPT = 50
-#: the same code on the same device again within this time of its previous sighting (e.g. one
-#: Xid seen both in the kernel log and through NVML, or an NVML event repeating) is the same
-#: incident: counted, not recorded or acted on twice.  Later, it is a new incident (the kmsg
-#: follower collapses its own repeats with the same window: linkpass.adapters.kmsg)
+#: the same code on the same device again within this time of its previous sighting (one Xid
+#: seen both in the kernel log and through NVML, the driver repeating its lines, an NVML event
+#: repeating) is the same incident: counted, not recorded or acted on twice.  Later, it is a new
+#: incident.  The one dedup of device incidents: the sources post every sighting
 INCIDENT_DEDUP_NS = 10 * 1_000_000_000
 
 
@@ -318,11 +318,11 @@ class Engine:
         Link incidents (``nic-link``) are only recorded: netlink and the probes already handle
         the rail, and acting on them here would move traffic twice.  The same code on the same
         device again within :data:`INCIDENT_DEDUP_NS` (a kernel-log Xid and the NVML event for
-        it) counts as ``incident_duplicates`` and nothing else.  Both the handling times and the
-        events' own ``t_ns`` (when the source saw them) must be that close: a source that
-        collapses its own repeats with the same window (the kmsg follower) and posts a
-        recurrence is never taken for a duplicate because the engine ran a little late.  A
-        backlog incident (read at start, never acted on) does not start a window.
+        it, or the kernel log repeating it) counts as ``incident_duplicates`` and nothing else;
+        each sighting restarts the window.  Both the handling times and the events' own
+        ``t_ns`` (when the source saw them) must be that close, so a recurrence is never taken
+        for a duplicate because the engine ran a little late.  A backlog incident (read at
+        start, never acted on) does not start a window.
 
         ``notified`` in the recorded entry is the engine's intent (a :class:`NotifyDeviceFault`
         follows); the daemon replaces it with what happened, in the same loop turn, with a

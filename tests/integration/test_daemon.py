@@ -341,9 +341,9 @@ def test_neighbour_purge_frees_a_dead_rails_entries(cluster):
     code = textwrap.dedent("""
         import asyncio
         from pyroute2 import AsyncIPRoute
-        from linkpass.adapters.routes import RouteActuator
+        from linkpass.adapters.routes import RouteActuator, RouteSettings
         async def main():
-            a = RouteActuator(lambda e: None, 201, 254)
+            a = RouteActuator(lambda e: None, RouteSettings(201, 254))
             async with AsyncIPRoute() as ipr:
                 print(await a.purge_neighbors(ipr, "rail1"))
         asyncio.run(main())

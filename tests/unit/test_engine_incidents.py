@@ -5,14 +5,14 @@ are recorded only."""
 from __future__ import annotations
 
 from linkpass.config import policy_from_config
-from linkpass.core.engine import INCIDENTS_KEPT, Engine
+from linkpass.core.engine import INCIDENT_DEDUP_NS, INCIDENTS_KEPT, Engine
 from linkpass.core.model import DeviceIncident, NotifyDeviceFault
 
 from unit_helpers import S, make_cfg, snapshot
 
 
-def inc(code="xid:79", device="0000:91:00.0", domain="gpu", action="migrate-rank", remedy="reboot-node", source="kmsg", **kw):
-    return DeviceIncident(source, domain, device, code, action, remedy, 0, **kw)
+def inc(code="xid:79", device="0000:91:00.0", domain="gpu", action="migrate-rank", remedy="reboot-node", source="kmsg", t_ns=0, **kw):
+    return DeviceIncident(source, domain, device, code, action, remedy, t_ns, **kw)
 
 
 def engine():
@@ -67,3 +67,22 @@ def test_incidents_in_status_are_bounded():
     st = e.status(10_000 * S)
     assert len(st["incidents"]) == INCIDENTS_KEPT and st["incident_counts"]["gpu"] == INCIDENTS_KEPT * 3
     assert len(e._incident_seen) <= 4 * INCIDENTS_KEPT
+
+
+def test_one_dedup_window_each_sighting_restarts_it_and_backlog_starts_none():
+    """The sources post every sighting (the kmsg follower too); the engine's window alone makes
+    repeats one incident: 9 s apart forever is one incident, a quiet window makes a new one."""
+    e = engine()
+    t = 1 * S
+    assert e.handle(inc(t_ns=t), t)
+    for _ in range(3):  # the driver repeating its line every 9 s: the window keeps restarting
+        t += 9 * S
+        assert e.handle(inc(t_ns=t), t) == []
+    t += INCIDENT_DEDUP_NS
+    assert e.handle(inc(t_ns=t), t)  # quiet for a window: a new incident, acted on
+    st = e.status(t)
+    assert st["totals"]["incident_duplicates"] == 3 and [d["count"] for d in st["incidents"]] == [4, 1]
+    # a backlog sighting is recorded but starts no window: the live one right after is acted on
+    e = engine()
+    assert e.handle(inc(code="xid:48", backlog=True, t_ns=1 * S), 1 * S) == []
+    assert e.handle(inc(code="xid:48", t_ns=2 * S), 2 * S)

@@ -31,6 +31,7 @@ class Server:
         self.conn = None
         self.lines: list[dict] = []
         self.got = threading.Event()
+        self.accepted = threading.Event()
         threading.Thread(target=self._run, daemon=True).start()
 
     def _run(self):
@@ -38,11 +39,16 @@ class Server:
             self.conn, _ = self.s.accept()
         except OSError:
             return
+        finally:
+            self.accepted.set()
         for line in self.conn.makefile("rb"):
             self.lines.append(json.loads(line))
             self.got.set()
 
     def send(self, data: bytes):
+        # the client is connected once the kernel queued the connection, which can be before
+        # this server's accept() returned
+        assert self.accepted.wait(5), "no connection accepted"
         self.conn.sendall(data)
 
     def close(self):
