@@ -11,13 +11,20 @@
     HookServer     ─┘  (HookPeersChanged, HookReport,             SetProbePriority -> Prober
                         DeviceFaultDelivered)                     PublishHookReport-> MqttPublisher
                                                                   WriteNcclEnv     -> NcclEnvFile.write
+                                                                  PublishHistory   -> MqttPublisher,
+                                                                                      systemd STATUS=,
+                                                                                      DaemonMetrics
                                                                   SetTimer, RefreshNeighbors
 
 Every action type has one handler (:meth:`Daemon._handlers`); a handler that raises is logged
 and counted (``dispatch_errors`` in ``linkpass status --json``) and the other actions still run.
 A handler may answer with events (the device-fault outcome): they go through
-``Engine.handle`` at once, in the same loop turn.  History leaves the engine through one
-documented read, :meth:`Engine.drain_events`, once per loop turn, to the event sinks.
+``Engine.handle`` at once, in the same loop turn.  History leaves the engine as an action
+too: each ``handle()`` that recorded entries ends its actions with one :class:`PublishHistory`,
+handed to every history reader (each isolated: one that raises is logged, the others still get
+the entries).  Adapters that report the daemon's state (metrics, the systemd STATUS= line, the
+control socket's ``status``) read a :class:`~linkpass.core.snapshot.DaemonSnapshot` that
+:meth:`Daemon.snapshot` builds on the loop, never the daemon itself.
 Signals: SIGTERM/SIGINT stop the daemon and leave routes as they are (traffic must not drop
 because the daemon stops); SIGHUP reloads the config (an invalid new config is logged and
 the old one kept).  The control socket answers ``{"cmd": "status"}`` with a JSON status, and
@@ -35,7 +42,9 @@ import os
 import signal
 import socket
 import time
+import statistics
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 from linkpass import __version__
@@ -46,6 +55,7 @@ from linkpass.adapters.nccl_file import NcclEnvFile
 from linkpass.adapters.netlink import NetlinkMonitor
 from linkpass.adapters.notices import NoticeService
 from linkpass.adapters.prober import Prober
+from linkpass.adapters.ports import HookNotifier
 from linkpass.adapters.routes import RouteActuator, RouteSettings
 from linkpass.adapters.sdnotify import SdNotifier, ServiceNotifier
 from linkpass.config import Config, ConfigError, load_config, notice_key, policy_from_config, probe_policy
@@ -55,11 +65,13 @@ from linkpass.core.model import (
     ConfigReloaded,
     DeviceFaultDelivered,
     Drain,
+    Event,
     HookPeersChanged,
     HookReport,
     LinkChanged,
     NotifyDeviceFault,
     NotifyHooks,
+    PublishHistory,
     PublishHookReport,
     RefreshNeighbors,
     RoutesApplied,
@@ -70,10 +82,19 @@ from linkpass.core.model import (
     WriteNcclEnv,
 )
 from linkpass.core.probe_filter import ProbeFilter
+from linkpass.core.snapshot import (  # STATUS_SCHEMA: kept importable from here
+    STATUS_SCHEMA,  # noqa: F401
+    DaemonSnapshot,
+    HooksSnapshot,
+    MqttSnapshot,
+    PathSnapshot,
+    ProberSnapshot,
+    RailSnapshot,
+    SystemdSnapshot,
+    status_json,
+)
 
 log = logging.getLogger("linkpass.daemon")
-
-STATUS_SCHEMA = "linkpass.status/v1"
 RUNTIME_DIR = Path("/run/linkpass")
 
 
@@ -175,6 +196,47 @@ def _bus_key(bus: str) -> tuple[int, str] | None:
         return None
 
 
+class DeviceFaultNotifier:
+    """The owner of :class:`NotifyDeviceFault`: tells the hooks on the fault's GPU (through a
+    :class:`~linkpass.adapters.ports.HookNotifier`) and the operators (log), and answers with
+    what became of it.
+
+    Args:
+        hooks: the hook server, None when hooks are off (the fault then reaches nobody).
+        post: puts an event on the daemon's queue (a late delivery arrives through it).
+        clock: monotonic ns (tests pass a fake).
+    """
+
+    def __init__(self, hooks: HookNotifier | None, post: Callable[[Event], None], clock: Callable[[], int] = time.monotonic_ns):
+        self.hooks, self.post, self.clock = hooks, post, clock
+
+    def __call__(self, a: NotifyDeviceFault) -> list[DeviceFaultDelivered]:
+        """A device fault that needs its rank moved.  Returns the outcome as one
+        :class:`DeviceFaultDelivered` for the engine (``notified`` in status; the dispatcher
+        feeds it back in the same loop turn); a late delivery is posted as another one
+        (``late=True``).  A fault with no GPU index (an NVSwitch, a bus id missing from the GPU
+        map) is told to no hook client: every rank of the host would move; it is logged as a
+        node-level fault.  Nobody on the GPU now: the hook server keeps it a while."""
+        inc = a.incident
+        if inc.gpu is None:
+            log.warning("DEVICE FAULT on %s: %s %s (%s): %s; could not be attributed to a GPU (no GPU index for %s), so no "
+                        "rank was moved; this is a node-level fault: drain the node (move its jobs off), then %s",
+                        inc.device or "unknown device", inc.domain, inc.code, inc.source, inc.summary or "-",
+                        inc.device or "the device", inc.remedy if inc.remedy not in ("none", "observe", "drain-node") else "investigate")
+            return [DeviceFaultDelivered(inc, 0, unattributed=True, t_ns=self.clock())]
+
+        def late(n: int) -> None:
+            self.post(DeviceFaultDelivered(inc, n, late=True, t_ns=self.clock()))
+
+        hooks = self.hooks
+        sent = hooks.publish_device_fault(inc.to_json(), inc.gpu, inc.t_ns, on_delivered=late) if hooks is not None else 0
+        outcome = DeviceFaultDelivered(inc, sent, kept=hooks is not None and sent == 0, t_ns=self.clock())
+        log.warning("DEVICE FAULT on %s (GPU %d): %s %s (%s): %s; remedy: %s; told %d hook client(s) to move the rank%s",
+                    inc.device or "unknown device", inc.gpu, inc.domain, inc.code, inc.source, inc.summary or "-", inc.remedy,
+                    sent, "" if sent or hooks is None else " (kept for a client that registers on that GPU)")
+        return [outcome]
+
+
 class Daemon:
     """One linkpass daemon for the current network namespace.
 
@@ -209,20 +271,22 @@ class Daemon:
         self.hooks = HookServer(cfg.hooks.socket or default_socket_path(cfg.daemon.control_socket), cfg.daemon.host,
                                 [p.name for p in cfg.peers], self._hook_peers_changed,
                                 cfg.hooks.max_clients, on_report=self._hook_report) if cfg.hooks.enabled else None
+        self.device_faults = DeviceFaultNotifier(self.hooks, self.queue.put_nowait)
         self.device_sources: dict = {}  # name -> running live device source (kmsg, nvml, rdma)
-        # callables taking a list of new engine HistoryEntry items after each engine step (see _emit)
-        self.event_sinks: list = []
+        # the readers of PublishHistory: callables taking the entries (oldest first), in this order
+        self.history_readers: list[Callable] = []
         # MQTT alerts (linkpass.adapters.mqtt): events through a durable outbox, retained state/topology/status
         self.mqtt = self._make_mqtt(cfg) if cfg.mqtt.enabled else None
         if self.mqtt:
-            self.event_sinks.append(self.mqtt.on_entries)
+            self.history_readers.append(self.mqtt.on_entries)
         # set once the first link dump and route reconciliation are done (systemd READY=1)
         self.ready = asyncio.Event()
-        self.sd = ServiceNotifier(SdNotifier.from_env(), self)  # no-op when not started by systemd
-        self.event_sinks.append(self.sd.on_events)
-        self.metrics = DaemonMetrics(self, __version__) if cfg.metrics.enabled else None
+        self.sd = ServiceNotifier(SdNotifier.from_env())  # no-op when not started by systemd
+        self.history_readers.append(self._systemd_status)
+        self.metrics = (DaemonMetrics(lambda now: self.snapshot(now, engine=False), [r.id for r in cfg.rails])
+                        if cfg.metrics.enabled else None)
         if self.metrics:
-            self.event_sinks.append(self.metrics.on_events)
+            self.history_readers.append(self.metrics.on_events)
         self.routes_skipped = 0
         self._timer: asyncio.TimerHandle | None = None
         self._stop = asyncio.Event()
@@ -286,8 +350,9 @@ class Daemon:
             WriteNcclEnv: self.nccl_file.write,
             NotifyHooks: self._notify_hooks if self.hooks else None,
             SetProbePriority: (lambda a: self.prober.set_priority_peers(list(a.peers))) if self.prober else None,
-            NotifyDeviceFault: self._device_fault,
+            NotifyDeviceFault: self.device_faults,
             PublishHookReport: (lambda a: self.mqtt.on_hook_report(a.report)) if self.mqtt else None,
+            PublishHistory: self._publish_history,
         }
         return {k: v for k, v in table.items() if v is not None}  # an adapter that is off takes nothing
 
@@ -341,44 +406,26 @@ class Daemon:
         """The hook server's peers of registered jobs changed: an event for the engine."""
         self.queue.put_nowait(HookPeersChanged(tuple(names), time.monotonic_ns()))
 
-    def _emit(self, entries) -> None:
-        """Pass new engine history entries (:class:`HistoryEntry`, oldest first) to every event
-        sink (MQTT alerts, metrics).  A failing sink is logged and never stops the engine."""
-        for sink in self.event_sinks:
+    def _publish_history(self, a: PublishHistory) -> None:
+        """Hand the entries of one :class:`PublishHistory` (oldest first) to every history
+        reader (MQTT alerts, the systemd STATUS= line, metrics).  A failing reader is logged;
+        the others still get them, and the engine goes on."""
+        for reader in self.history_readers:
             try:
-                sink(entries)
+                reader(a.entries)
             except Exception:
-                log.exception("event sink %r failed; %d event(s) not passed to it", sink, len(entries))
+                log.exception("history reader %r failed; %d entries not passed to it", reader, len(a.entries))
+
+    def _systemd_status(self, entries) -> None:
+        """History changed the picture: a new STATUS= line when systemd listens (after READY=1)."""
+        if self.sd.wants_updates:
+            self.sd.update(self.snapshot(probes=False, engine=False))
 
     def _on_ready(self) -> None:
         """The first link dump and route reconciliation are done: tell systemd (READY=1)."""
         self.ready.set()
-        self.sd.ready()
+        self.sd.ready(self.snapshot(probes=False, engine=False))
         log.info("ready: first link dump and route reconciliation done (plan generation %d)", self.engine.applied_generation)
-
-    def _device_fault(self, a: NotifyDeviceFault) -> list[DeviceFaultDelivered]:
-        """A device fault that needs its rank moved: tell the hooks on its GPU, and the operators
-        (log); the outcome is returned as a :class:`DeviceFaultDelivered` event for the engine
-        (``notified`` in status); a late delivery is posted on the event queue.  A fault with no GPU
-        index (an NVSwitch, a bus id missing from the GPU map) is told to no hook client: every
-        rank of the host would move.  Nobody on the GPU now: the hook server keeps it a while."""
-        inc = a.incident
-        if inc.gpu is None:
-            log.warning("DEVICE FAULT on %s: %s %s (%s): %s; could not be attributed to a GPU (no GPU index for %s), so no "
-                        "rank was moved; this is a node-level fault: drain the node (move its jobs off), then %s",
-                        inc.device or "unknown device", inc.domain, inc.code, inc.source, inc.summary or "-",
-                        inc.device or "the device", inc.remedy if inc.remedy not in ("none", "observe", "drain-node") else "investigate")
-            return [DeviceFaultDelivered(inc, 0, unattributed=True, t_ns=time.monotonic_ns())]
-
-        def late(n: int) -> None:
-            self.queue.put_nowait(DeviceFaultDelivered(inc, n, late=True, t_ns=time.monotonic_ns()))
-
-        sent = self.hooks.publish_device_fault(inc.to_json(), inc.gpu, inc.t_ns, on_delivered=late) if self.hooks else 0
-        outcome = DeviceFaultDelivered(inc, sent, kept=bool(self.hooks) and sent == 0, t_ns=time.monotonic_ns())
-        log.warning("DEVICE FAULT on %s (GPU %d): %s %s (%s): %s; remedy: %s; told %d hook client(s) to move the rank%s",
-                    inc.device or "unknown device", inc.gpu, inc.domain, inc.code, inc.source, inc.summary or "-", inc.remedy,
-                    sent, "" if sent or not self.hooks else " (kept for a client that registers on that GPU)")
-        return [outcome]
 
     # ------------------------------------------------------------------ live device sources
 
@@ -428,8 +475,6 @@ class Daemon:
                 continue
             self.events_handled += 1
             self._dispatch(actions)
-            if self.engine.new_events:
-                self._emit(self.engine.drain_events())
             if not self.ready.is_set() and self.engine.applied_generation >= 1:
                 self._on_ready()
             if isinstance(ev, LinkChanged) and ev.facts.present and ev.facts.netdev not in self._tuned:
@@ -439,25 +484,53 @@ class Daemon:
 
     # ------------------------------------------------------------------ control socket
 
-    def status(self) -> dict:
-        now = time.monotonic_ns()
-        st = {"schema": STATUS_SCHEMA, "pid": os.getpid(), "uptime_s": round((now - self.started_ns) / 1e9, 3), **self.engine.status(now)}
-        if self.reload_error:
-            st["warnings"] = st["warnings"] + [self.reload_error]
-        if self.source_cfg.auto:
-            st["topology"] = {"rails": "auto", "sysfs_root": self.source_cfg.topology.sysfs_root, "notes": self.autoconf_notes}
-            st["warnings"] = st["warnings"] + self.autoconf_warnings
-        st["reroute"] = self.cfg.daemon.reroute
-        if self.mqtt:
-            st["mqtt"] = self.mqtt.status()
-        if self.hooks:
-            st["hooks"] = self.hooks.status()
-        if self.metrics:
-            addr = self.metrics.address
-            st["metrics"] = {"listening": None if addr is None else f"{addr[0]}:{addr[1]}"}
-        st["systemd"] = {"notify": self.sd.notifier.enabled, "ready": self.ready.is_set(),
-                         "watchdog_interval_s": self.sd.notifier.watchdog_interval_s, "watchdogs_sent": self.sd.watchdogs_sent}
-        st["counters"] = {
+    def snapshot(self, now_ns: int | None = None, *, probes: bool = True, engine: bool = True) -> DaemonSnapshot:
+        """The daemon's state now, frozen (:class:`~linkpass.core.snapshot.DaemonSnapshot`): what
+        metrics, the systemd STATUS= line and ``status`` render.  Call on the event loop.
+
+        Args:
+            now_ns: monotonic ns it is taken at (damping penalties decay to it); None: now.
+            probes: include the prober's paths and the rails' probe RTT (O(paths)).
+            engine: include the engine's JSON picture, the hook server's and MQTT publisher's
+                JSON and the device sources' (what :func:`status_json` needs).
+        """
+        now = time.monotonic_ns() if now_ns is None else now_ns
+        eng, cfg = self.engine, self.cfg
+        prober = self.prober if probes else None
+        path_stats = dict(prober.path_stats) if prober is not None else {}
+        rails = []
+        for r in cfg.rails:
+            h = eng.rails[r.id]
+            dm = eng.dampers.get(r.id)
+            rtts = [st.ewma_rtt_ns for (rail, _), st in path_stats.items() if rail == r.id and st.ewma_rtt_ns is not None]
+            rails.append(RailSnapshot(
+                id=r.id, netdev=r.netdev, state=h.state.value, usable=h.usable, degraded=r.id in eng.degraded,
+                suppressed=None if dm is None else dm.suppressed(now), damping_penalty=None if dm is None else dm.penalty_at(now),
+                probe_loss=eng.rail_loss(r.id), probe_rtt_s=statistics.median(rtts) / 1e9 if rtts else None))
+        prober_snap = None
+        if prober is not None:
+            sched = prober.schedule
+            prober_snap = ProberSnapshot(
+                paths=tuple(PathSnapshot(rail, peer, None if st.ewma_rtt_ns is None else st.ewma_rtt_ns / 1e9, st.loss,
+                                         st.replies, st.lost)
+                            for (rail, peer), st in sorted(path_stats.items()) if sched.is_fast(rail, peer)),
+                counters=dict(prober.counters))
+        hooks_snap = None
+        if self.hooks is not None:
+            clients = list(self.hooks.clients.values())
+            hooks_snap = HooksSnapshot(clients=len(clients), registered=sum(1 for c in clients if getattr(c, "reg", None) is not None),
+                                       connections=self.hooks.counters.get("connections", 0),
+                                       refused=self.hooks.counters.get("refused", 0),
+                                       status=self.hooks.status() if engine else None)
+        mqtt_snap = None
+        if self.mqtt is not None:
+            connected = getattr(self.mqtt, "connected", None)
+            mqtt_snap = MqttSnapshot(depth=_call_number(getattr(self.mqtt, "depth", None)),
+                                     dropped_total=_number(getattr(self.mqtt, "dropped_total", None)),
+                                     connected=connected if isinstance(connected, bool) else None,
+                                     status=self.mqtt.status() if engine else None)
+        addr = self.metrics.address if self.metrics else None
+        counters = {
             "events_handled": self.events_handled,
             "routes_skipped_notify_only": self.routes_skipped,
             "netlink_resyncs": self.monitor.resyncs,
@@ -472,9 +545,31 @@ class Daemon:
             "control_bad_requests": self.control_bad_requests,
             "dispatch_errors": sum(self.dispatch_errors.values()),
         }
-        st["dispatch_errors"] = dict(sorted(self.dispatch_errors.items()))  # action type -> handler failures
-        st["device_sources"] = {name: src.status() for name, src in self.device_sources.items()}
-        return st
+        auto = self.source_cfg.auto
+        return DaemonSnapshot(
+            t_ns=now, pid=os.getpid(), uptime_s=round((now - self.started_ns) / 1e9, 3),
+            host=cfg.daemon.host, mode=cfg.daemon.mode, reroute=cfg.daemon.reroute, version=__version__,
+            ready=self.ready.is_set(), generation=eng.generation, applied_generation=eng.applied_generation,
+            rails=tuple(rails), peers_configured=len(cfg.peers),
+            peers_heard=sum(1 for p in cfg.peers if p.name in eng.peer_usable),
+            route_errors=len(eng.apply_errors), reload_error=self.reload_error,
+            counters=counters, dispatch_errors=dict(sorted(self.dispatch_errors.items())),
+            prober=prober_snap, hooks=hooks_snap, mqtt=mqtt_snap,
+            systemd=SystemdSnapshot(self.sd.notifier.enabled, self.ready.is_set(), self.sd.notifier.watchdog_interval_s,
+                                    self.sd.watchdogs_sent),
+            metrics_enabled=self.metrics is not None,
+            metrics_listening=None if addr is None else f"{addr[0]}:{addr[1]}",
+            topology={"rails": "auto", "sysfs_root": self.source_cfg.topology.sysfs_root, "notes": list(self.autoconf_notes)}
+            if auto else None,
+            topology_warnings=tuple(self.autoconf_warnings) if auto else (),
+            engine=eng.status(now) if engine else None,
+            device_sources={name: src.status() for name, src in self.device_sources.items()} if engine else None,
+        )
+
+    def status(self) -> dict:
+        """The control socket's ``status`` answer: :func:`~linkpass.core.snapshot.status_json`
+        of a full :meth:`snapshot`."""
+        return status_json(self.snapshot())
 
     async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """Answer one control request with one JSON line, then close.
@@ -604,7 +699,7 @@ class Daemon:
         try:
             self._reload()
         finally:
-            self.sd.reloaded()
+            self.sd.reloaded(self.snapshot(probes=False, engine=False))
 
     def _reload(self) -> None:
         """Re-read the config file and apply it.
@@ -751,6 +846,25 @@ class Daemon:
         except OSError:
             pass
         return 0
+
+
+def _number(v) -> float | None:
+    """``v`` when it is a number (not a bool), else None."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    return v
+
+
+def _call_number(f: Callable | None) -> float | None:
+    """``f()`` when it answers a number; None when it is not callable, fails or answers
+    something else (another adapter's bug must not break a snapshot)."""
+    if not callable(f):
+        return None
+    try:
+        return _number(f())
+    except Exception as e:
+        log.warning("snapshot: mqtt.depth() failed: %s", e)
+        return None
 
 
 def setup_logging(level: str) -> None:

@@ -2,18 +2,20 @@
 
 Two feeds (DESIGN.md rule 1: the engine decides, adapters only watch):
 
-* **event sink** — :meth:`DaemonMetrics.on_events` is appended to ``Daemon.event_sinks`` and
-  gets every new engine :class:`~linkpass.core.model.HistoryEntry` after each engine step.
-  It drives the counters and histograms: failovers, failbacks, detection and reroute latency,
-  incidents by domain, suppressions, one counter per history kind.
-* **scrape time** — :class:`_StateCollector` builds gauges from the daemon's state when
-  Prometheus scrapes: rail state, usable rails, plan generation, probe RTT and loss, hook
-  connections, MQTT outbox depth, route and netlink counters.  prometheus_client serves HTTP
-  from its own thread (``start_http_server``); the daemon's state belongs to the asyncio loop,
-  so the collector hands the snapshot to the loop (``call_soon_threadsafe``) and waits for it
-  (at most :data:`SNAPSHOT_TIMEOUT_S`): it never reads dicts the loop is changing.  A blocked
-  loop gives a scrape without the state families (and ``linkpass_metrics_snapshot_timeouts_total``
-  goes up) instead of a torn picture.
+* **history** — :meth:`DaemonMetrics.on_events` gets the entries of every
+  :class:`~linkpass.core.model.PublishHistory` action the engine returns (the daemon's
+  dispatch table hands them over, oldest first).  It drives the counters and histograms:
+  failovers, failbacks, detection and reroute latency, incidents by domain, suppressions, one
+  counter per history kind.
+* **scrape time** — :func:`state_families` renders gauges from a
+  :class:`~linkpass.core.snapshot.DaemonSnapshot` when Prometheus scrapes: rail state, usable
+  rails, plan generation, probe RTT and loss, hook connections, MQTT outbox depth, route and
+  netlink counters.  prometheus_client serves HTTP from its own thread
+  (``start_http_server``); the daemon's state belongs to the asyncio loop, so the collector
+  asks the loop for the snapshot (``call_soon_threadsafe``) and waits for it (at most
+  :data:`SNAPSHOT_TIMEOUT_S`): it never reads dicts the loop is changing.  A blocked loop gives
+  a scrape without the state families (and ``linkpass_metrics_snapshot_timeouts_total`` goes
+  up) instead of a torn picture.
 
 Latency definitions (the same as ``bench/detect_reroute.py`` and ``linkpass demo``, measured
 inside the daemon, monotonic clock):
@@ -39,13 +41,14 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
-import statistics
 import threading
 import time
 from collections.abc import Callable, Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector, disable_created_metrics, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from linkpass.core.snapshot import DaemonSnapshot
 
 log = logging.getLogger("linkpass.metrics")
 
@@ -136,28 +139,28 @@ class LatencyTracker:
 
 
 class DaemonMetrics:
-    """The Prometheus metrics of one :class:`linkpass.daemon.Daemon`.
+    """The Prometheus metrics of one daemon.
 
     Args:
-        daemon: the daemon whose state the scrape-time gauges read (its ``engine``, ``cfg``,
-            ``prober``, ``probe_filter``, ``hooks``, ``routes``, ``monitor``, ``mqtt`` (may be
-            missing or None), ``ready``); read with ``getattr`` so a part that is off is left out.
-        version: linkpass version for ``linkpass_info``.
+        snapshot_fn: ``snapshot_fn(now_ns) -> DaemonSnapshot``: the daemon's state at monotonic
+            ``now_ns`` (called on the daemon's loop, see :meth:`start`); the scrape-time gauges
+            are rendered from it (:func:`state_families`).
+        rail_ids: the configured rail ids (their failover/failback series exist from the start).
         clock: monotonic ns clock for the scrape-time figures that decay (damping penalty);
             tests driving the engine with a fake clock pass theirs.
 
     ``*_created`` series are not exported (``prometheus_client.disable_created_metrics()``,
     process-wide): they double the series count and no rule here uses them.
 
-    Use: ``daemon.event_sinks.append(m.on_events)``; ``m.start(address, port, loop)`` in the
+    Use: ``m.on_events(entries)`` for each :class:`~linkpass.core.model.PublishHistory`; ``m.start(address, port, loop)`` in the
     running loop (raises :class:`MetricsError`); ``m.stop()`` at the end.  ``m.registry`` is the
     private :class:`prometheus_client.CollectorRegistry` (``generate_latest(m.registry)``).
     """
 
-    def __init__(self, daemon, version: str = "", clock: Callable[[], int] = time.monotonic_ns) -> None:
+    def __init__(self, snapshot_fn: Callable[[int], DaemonSnapshot], rail_ids: Iterable[int] = (),
+                 clock: Callable[[], int] = time.monotonic_ns) -> None:
         disable_created_metrics()
-        self.daemon = daemon
-        self.version = version
+        self.snapshot_fn = snapshot_fn
         self.clock = clock
         self.snapshot_timeout_s = SNAPSHOT_TIMEOUT_S
         self.registry = CollectorRegistry()
@@ -184,7 +187,7 @@ class DaemonMetrics:
         self.snapshot_timeouts = Counter("linkpass_metrics_snapshot_timeouts",
                                          "Scrapes whose state snapshot the event loop did not take in time (loop blocked).",
                                          registry=r)
-        for rail in self._rail_ids():  # every rail's series exist from the start (rate() needs a 0)
+        for rail in rail_ids:  # every rail's series exist from the start (rate() needs a 0)
             for m in (self.failovers, self.failbacks, self.suppressed_flaps):
                 m.labels(rail=str(rail))
         ProcessCollector(registry=r)  # process_resident_memory_bytes, process_cpu_seconds_total, ...
@@ -195,14 +198,10 @@ class DaemonMetrics:
         self._loop_thread: int | None = None
         self.address: tuple[str, int] | None = None
 
-    def _rail_ids(self) -> list[int]:
-        cfg = getattr(self.daemon, "cfg", None)
-        return [r.id for r in getattr(cfg, "rails", ())]
-
     # ------------------------------------------------------------------ event sink
 
-    def on_events(self, entries: list) -> None:
-        """Event sink: count new engine history entries (called on the loop after each step)."""
+    def on_events(self, entries: Iterable) -> None:
+        """Count new engine history entries, oldest first (a :class:`~linkpass.core.model.PublishHistory`'s, on the loop)."""
         for e in entries:
             self.engine_events.labels(kind=e.kind).inc()
             if e.kind == "incident":
@@ -259,8 +258,8 @@ class DaemonMetrics:
     # ------------------------------------------------------------------ snapshot
 
     def snapshot(self) -> list[Metric]:
-        """The scrape-time families, built from the daemon's state now (call on its loop)."""
-        return _state_families(self.daemon, self.version, self.clock())
+        """The scrape-time families, rendered from the daemon's snapshot now (call on its loop)."""
+        return state_families(self.snapshot_fn(self.clock()))
 
     def _snapshot_on_loop(self) -> list[Metric] | None:
         loop = self.loop
@@ -316,21 +315,19 @@ def _counter(name: str, doc: str, labels: list[str] | None = None) -> CounterMet
     return CounterMetricFamily(name, doc, labels=labels)
 
 
-def _state_families(d, version: str, now: int) -> list[Metric]:
-    """Build every scrape-time family from daemon ``d`` at monotonic ``now`` ns (see :class:`DaemonMetrics`)."""
+def state_families(snap: DaemonSnapshot) -> list[Metric]:
+    """Every scrape-time family, rendered from one :class:`~linkpass.core.snapshot.DaemonSnapshot`
+    (see :class:`DaemonMetrics`); a part that is off (prober, hooks, MQTT) is left out."""
     out: list[Metric] = []
-    cfg = d.cfg
-    eng = d.engine
     info = _gauge("linkpass_info", "Constant 1, labelled with what this daemon is.", ["host", "mode", "reroute", "version"])
-    info.add_metric([cfg.daemon.host, cfg.daemon.mode, cfg.daemon.reroute, version], 1)
+    info.add_metric([snap.host, snap.mode, snap.reroute, snap.version], 1)
     out.append(info)
-    ready = getattr(d, "ready", None)
     out.append(GaugeMetricFamily("linkpass_ready", "1 once the first link dump and route reconciliation are done.",
-                                 value=1 if (ready is not None and ready.is_set()) else 0))
+                                 value=1 if snap.ready else 0))
     out.append(GaugeMetricFamily("linkpass_plan_generation", "Current plan generation (bumps on every plan change).",
-                                 value=eng.generation))
+                                 value=snap.generation))
     out.append(GaugeMetricFamily("linkpass_applied_generation", "Newest plan generation whose routes were applied.",
-                                 value=eng.applied_generation))
+                                 value=snap.applied_generation))
 
     state = _gauge("linkpass_rail_state", "1 for the rail's current health state, 0 for the others.", ["rail", "netdev", "state"])
     usable = _gauge("linkpass_rail_usable", "1 when the rail may carry traffic (UP).", ["rail", "netdev"])
@@ -340,106 +337,75 @@ def _state_families(d, version: str, now: int) -> list[Metric]:
     rloss = _gauge("linkpass_rail_probe_loss_ratio", "Probe loss of the rail over [probe] loss_window_ms (0..1; what DEGRADED is judged on).",
                    ["rail", "netdev"])
     rrtt = _gauge("linkpass_rail_probe_rtt_seconds", "Median over the rail's probed paths of their smoothed probe RTT.", ["rail", "netdev"])
-    n_usable = 0
-    prober = getattr(d, "prober", None)
-    path_stats = dict(prober.path_stats) if prober is not None else {}
-    for r in cfg.rails:
-        h = eng.rails.get(r.id)
-        if h is None:
-            continue
+    for r in snap.rails:
         lab = [str(r.id), r.netdev]
         for s in RAIL_STATES:
-            state.add_metric(lab + [s], 1 if h.state.value == s else 0)
-        usable.add_metric(lab, 1 if h.usable else 0)
-        n_usable += 1 if h.usable else 0
-        degraded.add_metric(lab, 1 if r.id in eng.degraded else 0)
-        dm = eng.dampers.get(r.id)
-        if dm is not None:
-            suppressed.add_metric(lab, 1 if dm.suppressed(now) else 0)
-            penalty.add_metric(lab, dm.penalty_at(now))
-        loss = eng.rail_loss(r.id)
-        if loss is not None:
-            rloss.add_metric(lab, loss)
-        rtts = [st.ewma_rtt_ns for (rail, _), st in path_stats.items() if rail == r.id and st.ewma_rtt_ns is not None]
-        if rtts:
-            rrtt.add_metric(lab, statistics.median(rtts) / 1e9)
+            state.add_metric(lab + [s], 1 if r.state == s else 0)
+        usable.add_metric(lab, 1 if r.usable else 0)
+        degraded.add_metric(lab, 1 if r.degraded else 0)
+        if r.suppressed is not None:
+            suppressed.add_metric(lab, 1 if r.suppressed else 0)
+        if r.damping_penalty is not None:
+            penalty.add_metric(lab, r.damping_penalty)
+        if r.probe_loss is not None:
+            rloss.add_metric(lab, r.probe_loss)
+        if r.probe_rtt_s is not None:
+            rrtt.add_metric(lab, r.probe_rtt_s)
     out += [state, usable, degraded, suppressed, penalty, rloss, rrtt]
-    out.append(GaugeMetricFamily("linkpass_rails_configured", "Rails this daemon watches.", value=len(cfg.rails)))
-    out.append(GaugeMetricFamily("linkpass_rails_usable", "Rails that may carry traffic now.", value=n_usable))
+    out.append(GaugeMetricFamily("linkpass_rails_configured", "Rails this daemon watches.", value=len(snap.rails)))
+    out.append(GaugeMetricFamily("linkpass_rails_usable", "Rails that may carry traffic now.", value=len(snap.usable_rails)))
 
+    prober = snap.prober
     if prober is not None:
         # per path only for the fast-probed peers (hook-registered and ring neighbours, a few per
         # rail): every peer on every rail would be rails x hosts series on each host
-        sched = prober.schedule
         rtt = _gauge("linkpass_probe_rtt_seconds", "Smoothed probe round-trip time of a fast-probed path (TCP SRTT style, gain 1/8).",
                      ["rail", "peer"])
         ploss = _gauge("linkpass_probe_loss_ratio", "Lost share of the last probes of a fast-probed path (0..1).", ["rail", "peer"])
         rep = _counter("linkpass_probe_replies", "Probe replies received in time on a fast-probed path.", ["rail", "peer"])
         lost = _counter("linkpass_probe_lost", "Probes lost (no reply in time) on a fast-probed path.", ["rail", "peer"])
-        for (rail, peer), st in sorted(path_stats.items()):
-            if not sched.is_fast(rail, peer):
-                continue
-            lab = [str(rail), peer]
-            if st.ewma_rtt_ns is not None:
-                rtt.add_metric(lab, st.ewma_rtt_ns / 1e9)
-            if st.loss is not None:
-                ploss.add_metric(lab, st.loss)
-            rep.add_metric(lab, st.replies)
-            lost.add_metric(lab, st.lost)
+        for p in prober.paths:
+            lab = [str(p.rail), p.peer]
+            if p.rtt_s is not None:
+                rtt.add_metric(lab, p.rtt_s)
+            if p.loss is not None:
+                ploss.add_metric(lab, p.loss)
+            rep.add_metric(lab, p.replies)
+            lost.add_metric(lab, p.lost)
         ev = _counter("linkpass_prober_events", "Prober counters (sent, replies, timeouts, rejected_<kind>, ...).", ["event"])
         for k, v in sorted(prober.counters.items()):
             ev.add_metric([k], v)
         out += [rtt, ploss, rep, lost, ev]
 
-    hooks = getattr(d, "hooks", None)
+    hooks = snap.hooks
     if hooks is not None:
-        clients = list(hooks.clients.values())
-        out.append(GaugeMetricFamily("linkpass_hook_clients", "Torch hook clients connected now.", value=len(clients)))
+        out.append(GaugeMetricFamily("linkpass_hook_clients", "Torch hook clients connected now.", value=hooks.clients))
         out.append(GaugeMetricFamily("linkpass_hook_clients_registered", "Connected torch hook clients that registered their rank.",
-                                     value=sum(1 for c in clients if getattr(c, "reg", None) is not None)))
+                                     value=hooks.registered))
         out.append(CounterMetricFamily("linkpass_hook_connections", "Torch hook connections accepted since start.",
-                                       value=hooks.counters.get("connections", 0)))
+                                       value=hooks.connections))
         out.append(CounterMetricFamily("linkpass_hook_refused", "Torch hook connections refused (max_clients reached).",
-                                       value=hooks.counters.get("refused", 0)))
+                                       value=hooks.refused))
 
-    mqtt = getattr(d, "mqtt", None)
+    mqtt = snap.mqtt
     if mqtt is not None:
-        depth = _call_number(getattr(mqtt, "depth", None))
-        if depth is not None:
+        if mqtt.depth is not None:
             out.append(GaugeMetricFamily("linkpass_mqtt_outbox_depth", "Events in the durable MQTT outbox not yet acknowledged by the broker.",
-                                         value=depth))
-        dropped = _number(getattr(mqtt, "dropped_total", None))
-        if dropped is not None:
+                                         value=mqtt.depth))
+        if mqtt.dropped_total is not None:
             out.append(CounterMetricFamily("linkpass_mqtt_outbox_dropped", "Events dropped because the MQTT outbox was full.",
-                                           value=dropped))
-        connected = getattr(mqtt, "connected", None)
-        if isinstance(connected, bool):
-            out.append(GaugeMetricFamily("linkpass_mqtt_connected", "1 while connected to the MQTT broker.", value=int(connected)))
+                                           value=mqtt.dropped_total))
+        if mqtt.connected is not None:
+            out.append(GaugeMetricFamily("linkpass_mqtt_connected", "1 while connected to the MQTT broker.", value=int(mqtt.connected)))
 
-    routes = getattr(d, "routes", None)
-    if routes is not None:
-        out.append(CounterMetricFamily("linkpass_route_ops", "Kernel route operations done.", value=routes.ops_total))
-        out.append(CounterMetricFamily("linkpass_route_errors", "Kernel route operations that failed.", value=routes.errors_total))
-    mon = getattr(d, "monitor", None)
-    if mon is not None:
+    c = snap.counters
+    if "route_ops" in c:
+        out.append(CounterMetricFamily("linkpass_route_ops", "Kernel route operations done.", value=c["route_ops"]))
+        out.append(CounterMetricFamily("linkpass_route_errors", "Kernel route operations that failed.", value=c["route_errors"]))
+    if "netlink_resyncs" in c:
         out.append(CounterMetricFamily("linkpass_netlink_resyncs", "Netlink resyncs (fresh dumps after an overrun or reconnect).",
-                                       value=mon.resyncs))
-        out.append(CounterMetricFamily("linkpass_netlink_overruns", "Netlink socket overruns (ENOBUFS: events lost).", value=mon.overruns))
-    out.append(CounterMetricFamily("linkpass_events_handled", "Events the engine handled.", value=getattr(d, "events_handled", 0)))
+                                       value=c["netlink_resyncs"]))
+        out.append(CounterMetricFamily("linkpass_netlink_overruns", "Netlink socket overruns (ENOBUFS: events lost).",
+                                       value=c["netlink_overruns"]))
+    out.append(CounterMetricFamily("linkpass_events_handled", "Events the engine handled.", value=c.get("events_handled", 0)))
     return out
-
-
-def _number(v) -> float | None:
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        return None
-    return v
-
-
-def _call_number(f: Callable | None) -> float | None:
-    if not callable(f):
-        return None
-    try:
-        return _number(f())
-    except Exception as e:  # another adapter's bug must not break the scrape
-        log.warning("metrics: mqtt.depth() failed: %s", e)
-        return None

@@ -195,7 +195,8 @@ class MqttPublisher:
     # ---------------------------------------------------------------- inputs (engine loop)
 
     def on_entries(self, entries: Iterable) -> None:
-        """Event sink (``Daemon.event_sinks``): new engine history entries, oldest first."""
+        """New engine history entries, oldest first: the entries of each :class:`~linkpass.core.model.PublishHistory`
+        action (the daemon's dispatch table hands them over, on the engine loop)."""
         dirty = False
         for e in entries:
             dirty = dirty or e.kind in STATE_KINDS

@@ -27,6 +27,8 @@ import socket
 import time
 from collections.abc import Mapping
 
+from linkpass.core.snapshot import DaemonSnapshot
+
 log = logging.getLogger("linkpass.systemd")
 
 
@@ -141,68 +143,78 @@ def _one_line(text: str) -> str:
     return " ".join(str(text).split("\n"))
 
 
-def status_line(daemon) -> str:
-    """The one-line summary for ``STATUS=`` (what ``systemctl status`` shows), e.g.
+def status_line(snap: DaemonSnapshot) -> str:
+    """The one-line summary for ``STATUS=`` (what ``systemctl status`` shows), rendered from a
+    :class:`~linkpass.core.snapshot.DaemonSnapshot`, e.g.
     ``2/2 rails up, plan generation 5, 1/1 peers heard``; degraded rails, route errors and a
     refused reload are added when there are any."""
-    eng, cfg = daemon.engine, daemon.cfg
-    usable = eng.local_usable()
-    parts = [f"{len(usable)}/{len(cfg.rails)} rails up", f"plan generation {eng.generation}"]
-    if cfg.peers:
-        parts.append(f"{sum(1 for p in cfg.peers if p.name in eng.peer_usable)}/{len(cfg.peers)} peers heard")
-    if eng.degraded:
-        parts.append("degraded rail(s) " + ",".join(str(r) for r in sorted(eng.degraded)))
-    if eng.apply_errors:
-        parts.append(f"{len(eng.apply_errors)} route error(s)")
-    if getattr(daemon, "reload_error", None):
+    parts = [f"{len(snap.usable_rails)}/{len(snap.rails)} rails up", f"plan generation {snap.generation}"]
+    if snap.peers_configured:
+        parts.append(f"{snap.peers_heard}/{snap.peers_configured} peers heard")
+    degraded = sorted(r.id for r in snap.rails if r.degraded)
+    if degraded:
+        parts.append("degraded rail(s) " + ",".join(str(r) for r in degraded))
+    if snap.route_errors:
+        parts.append(f"{snap.route_errors} route error(s)")
+    if snap.reload_error:
         parts.append("last reload refused (old config kept)")
     return ", ".join(parts)
 
 
 class ServiceNotifier:
-    """The daemon's side of ``Type=notify``: built on an :class:`SdNotifier` and the daemon.
+    """The daemon's side of ``Type=notify``, built on an :class:`SdNotifier`; it reads the
+    daemon's state only from the snapshots it is handed.
 
     Args:
         notifier: the protocol end (``SdNotifier.from_env()``).
-        daemon: the :class:`linkpass.daemon.Daemon` (``engine``, ``cfg``, ``reload_error``).
 
-    Use: ``daemon.event_sinks.append(s.on_events)``; ``s.ready()`` once the first reconciliation
-    is done; run ``s.watchdog_loop()`` as a task when ``s.notifier.watchdog_interval_s``;
-    ``s.reloading()`` / ``s.reloaded()`` around SIGHUP; ``s.stopping()`` on stop.
+    Use: ``s.ready(snap)`` once the first reconciliation is done; ``s.update(snap)`` after a
+    loop turn that recorded history (only when :attr:`wants_updates`, so the daemon builds no
+    snapshot for nothing); run ``s.watchdog_loop()`` as a task when
+    ``s.notifier.watchdog_interval_s``; ``s.reloading()`` / ``s.reloaded(snap)`` around SIGHUP;
+    ``s.stopping()`` on stop.
     """
 
-    def __init__(self, notifier: SdNotifier, daemon) -> None:
+    def __init__(self, notifier: SdNotifier) -> None:
         self.notifier = notifier
-        self.daemon = daemon
         self.is_ready = False
         self.watchdogs_sent = 0
         self._last_status: str | None = None
+        self._reloading = False  # between RELOADING=1 and READY=1: reloaded() sends the line
 
     def starting(self) -> None:
         self._status("starting: waiting for the first link dump and route reconciliation")
 
-    def ready(self) -> None:
+    def ready(self, snap: DaemonSnapshot) -> None:
         """READY=1 with the first STATUS= line (once; later calls do nothing)."""
         if self.is_ready:
             return
         self.is_ready = True
-        line = status_line(self.daemon)
+        line = status_line(snap)
         self._last_status = line
         self.notifier.ready(line)
 
-    def on_events(self, entries) -> None:
-        """Event sink: a new STATUS= line when the summary changed (only after READY=1)."""
-        if self.is_ready and self.notifier.enabled:
-            self._status(status_line(self.daemon))
+    @property
+    def wants_updates(self) -> bool:
+        """True when :meth:`update` would send anything (READY=1 sent, notifications on, not
+        in the middle of a reload)."""
+        return self.is_ready and self.notifier.enabled and not self._reloading
+
+    def update(self, snap: DaemonSnapshot) -> None:
+        """A new STATUS= line when the summary changed (only after READY=1)."""
+        if self.wants_updates:
+            self._status(status_line(snap))
 
     def reloading(self) -> None:
         if self.is_ready:
+            self._reloading = True
             self.notifier.reloading()
 
-    def reloaded(self) -> None:
+    def reloaded(self, snap: DaemonSnapshot) -> None:
         """READY=1 again after a reload (refused or not: the daemon runs on), with STATUS=."""
+        self._reloading = False
         if self.is_ready:
-            line = status_line(self.daemon)
+            line = status_line(snap)
             self._last_status = line
             self.notifier.ready(line)
 

@@ -37,6 +37,7 @@ from linkpass.core.model import (
     PeerRails,
     ProbeLoss,
     ProbeResult,
+    PublishHistory,
     PublishHookReport,
     RefreshNeighbors,
     RouteChanged,
@@ -100,7 +101,7 @@ class Engine:
         self.peer_generation: dict[str, int] = {}
         self.history: deque[HistoryEntry] = deque(maxlen=HISTORY_LEN)
         self.totals: Counter[str] = Counter()  # see _count
-        self.new_events: list[HistoryEntry] = []  # recorded since the last drain_events() (for MQTT, metrics)
+        self._turn: list[HistoryEntry] = []  # recorded during the handle() call now running (PublishHistory)
         self.warnings: list[str] = []
         self.plan: Plan | None = None
         self.applied_generation = 0
@@ -172,6 +173,10 @@ class Engine:
     def handle(self, event: Event, now_ns: int) -> list[Action]:
         """Apply one event at monotonic time ``now_ns`` and return the actions it needs.
 
+        History leaves the engine only here: the entries this call recorded come last, as one
+        :class:`PublishHistory` (none when it recorded nothing); ``history`` keeps the recent
+        ones for the ``history`` control command.
+
         Never raises on event content; an :class:`~linkpass.core.health.IllegalTransition`
         would be a bug in this module.
         """
@@ -181,7 +186,12 @@ class Engine:
         netdevs = {r.id: r.netdev for r in self.policy.rails}
         refresh = [RefreshNeighbors(netdevs[rid]) for rid, ok in sorted(self._link_healthy.items())
                    if ok and not link_was.get(rid, True) and rid in netdevs]
-        return refresh + actions if refresh else actions
+        if refresh:
+            actions = refresh + actions
+        if self._turn:
+            actions = [*actions, PublishHistory(tuple(self._turn))]
+            self._turn = []
+        return actions
 
     def _handle(self, event: Event, now_ns: int) -> list[Action]:
         if isinstance(event, LinkSnapshot):
@@ -374,8 +384,8 @@ class Engine:
         and it waits for a client that registers on its GPU; ``unattributed``: no GPU index for
         its device, so no client was told (a node-level fault); ``late``: a kept fault was
         delivered to a client that registered later.  Updates the status entry and, when not
-        ``late`` (the daemon feeds the outcome back in the same loop turn, before the history is
-        passed to the event sinks), the history entry.  Unknown incident (forgotten): nothing."""
+        ``late`` (the daemon feeds the outcome back in the same loop turn, before it dispatches the
+        :class:`PublishHistory` that carries the entry), the history entry.  Unknown incident (forgotten): nothing."""
         ev, clients, kept, unattributed, late = d.incident, d.clients, d.kept, d.unattributed, d.late
         ref = self._notify_entries.get((ev.source, ev.code, ev.device, ev.t_ns))
         if ref is None:
@@ -607,18 +617,8 @@ class Engine:
     def _record(self, kind: str, t_ns: int, data: dict) -> None:
         entry = HistoryEntry(kind, t_ns, data)
         self.history.append(entry)
-        if len(self.new_events) < HISTORY_LEN * 4:  # bounded if nobody drains (tests driving the engine alone)
-            self.new_events.append(entry)
+        self._turn.append(entry)
         self._count(kind, data)
-
-    def drain_events(self) -> list[HistoryEntry]:
-        """Every history entry recorded since the last call, oldest first (the same objects as in
-        ``history``, which is a ring and may have dropped them already).  The one way history
-        leaves the engine (state changes only through :meth:`handle`).  The daemon passes them
-        to its event sinks (MQTT alerts, Prometheus metrics) after each ``handle()``.  At most
-        ``4 * HISTORY_LEN`` are kept between drains; older ones are dropped."""
-        out, self.new_events = self.new_events, []
-        return out
 
     def _count(self, kind: str, data: dict) -> None:
         """Running totals since start (``status()["totals"]``): what operators and benchmarks

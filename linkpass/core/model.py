@@ -508,10 +508,6 @@ class PublishHookReport:
     report: Mapping
 
 
-Action = Union[ApplyRoutes, SendNotice, SetTimer, RefreshNeighbors, NotifyDeviceFault, NotifyHooks, WriteNcclEnv, SetProbePriority,
-               PublishHookReport]
-
-
 @dataclass
 class HistoryEntry:
     """One line of the engine's history (kept for `linkpass status` and the demo)."""
@@ -522,3 +518,21 @@ class HistoryEntry:
 
     def to_json(self) -> dict:
         return {"kind": self.kind, "t_ns": self.t_ns, **self.data}
+
+
+@dataclass(frozen=True)
+class PublishHistory:
+    """The history entries one :meth:`Engine.handle` call recorded, oldest first: for the
+    adapters that read history (MQTT alerts, Prometheus counters, the systemd STATUS= line).
+
+    The engine puts it last in the call's actions, so an outcome that a handler before it feeds
+    back through the engine in the same loop turn (:class:`DeviceFaultDelivered` filling in an
+    ``incident`` entry's ``notified``) is in the entries when they are published.  The entries
+    are the same objects as in ``Engine.history``; readers must not change them.
+    """
+
+    entries: tuple[HistoryEntry, ...]
+
+
+Action = Union[ApplyRoutes, SendNotice, SetTimer, RefreshNeighbors, NotifyDeviceFault, NotifyHooks, WriteNcclEnv, SetProbePriority,
+               PublishHookReport, PublishHistory]

@@ -9,10 +9,10 @@ import logging
 import shutil
 import tempfile
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
+from linkpass.adapters.fakes import FakeHistoryReader, FakePublisher
 from linkpass.config import load_config
 from linkpass.core.model import (
     ApplyRoutes,
@@ -20,13 +20,14 @@ from linkpass.core.model import (
     HookPeersChanged,
     NotifyDeviceFault,
     NotifyHooks,
+    PublishHistory,
     SendNotice,
     SetProbePriority,
     WriteNcclEnv,
 )
 from linkpass.daemon import Daemon
 
-from unit_helpers import snapshot
+from unit_helpers import decided, history_of, snapshot
 
 
 @pytest.fixture
@@ -79,13 +80,32 @@ def test_no_failure_no_dispatch_errors(d):
 
 def test_device_fault_outcome_goes_back_through_the_engine_before_history_leaves(d):
     d.engine.handle(snapshot(d.cfg, 0), 0)
-    d.engine.drain_events()
+    reader = FakeHistoryReader()
+    d.history_readers[:] = [reader.on_events]
     inc = DeviceIncident("kmsg", "gpu", "0000:1c:00.0", "xid:79", "migrate-rank", "reboot-node", 5, gpu=None)
     acts = d.engine.handle(inc, 5)
-    assert acts == [NotifyDeviceFault(inc)]
+    assert decided(acts) == [NotifyDeviceFault(inc)]
+    assert isinstance(acts[-1], PublishHistory)  # history leaves last, after the outcome came back
     d._dispatch(acts)
-    (entry,) = [h for h in d.engine.drain_events() if h.kind == "incident"]
+    (entry,) = [h for h in reader.entries if h.kind == "incident"]
     assert entry.data["notified"] is False and entry.data["gpu_unknown"] is True
+
+
+def test_history_goes_to_every_reader_and_a_failing_one_is_isolated(d, caplog):
+    first, last = FakeHistoryReader(), FakeHistoryReader()
+
+    def broken(entries):
+        raise RuntimeError("reader bug")
+
+    d.history_readers[:] = [first.on_events, broken, last.on_events]
+    acts = d.engine.handle(snapshot(d.cfg, 0), 0)
+    published = history_of(acts)
+    assert [h.kind for h in published][-1] == "plan"
+    with caplog.at_level(logging.ERROR, logger="linkpass.daemon"):
+        d._dispatch(acts)
+    assert first.entries == last.entries == published
+    assert "history reader" in caplog.text and d.dispatch_errors == {}
+    assert list(d.engine.history)[-len(published):] == published  # the engine keeps them for `history`
 
 
 def test_hook_peers_reach_the_prober_only_as_an_engine_action(d):
@@ -110,8 +130,7 @@ def test_hook_reports_reach_the_operators_adapter_through_the_engine(d):
     acts = d.engine.handle(ev, 1)
     assert acts == [PublishHookReport(rec)]
     assert PublishHookReport not in d.handlers  # MQTT is off here: nobody owns it
-    got = []
-    d.mqtt = SimpleNamespace(on_hook_report=got.append)  # the MQTT publisher's entry point
+    d.mqtt = FakePublisher()  # the MQTT publisher's stand-in
     d.handlers = d._handlers()
     d._dispatch(acts)
-    assert got == [rec] and d.dispatch_errors == {}
+    assert d.mqtt.reports == [rec] and d.dispatch_errors == {}

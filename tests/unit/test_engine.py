@@ -35,6 +35,7 @@ from unit_helpers import (
     admin_down,
     applies,
     carrier_lost,
+    decided,
     gone,
     host_ip,
     make_cfg,
@@ -73,8 +74,8 @@ def test_start_all_up_host_ip(n_rails, n_peers):
     rails = tuple(range(n_rails))
     eng, acts = started(rails=rails, n_peers=n_peers)
     expected_routes = tuple(sorted((host_route(p, rails) for p in range(1, n_peers + 1)), key=lambda r: r.dst))
-    assert len(acts) == 3
-    ap, nh, sn = acts
+    assert len(decided(acts)) == 3
+    ap, nh, sn = decided(acts)
     assert isinstance(ap, ApplyRoutes) and isinstance(nh, NotifyHooks) and isinstance(sn, SendNotice)
     assert ap.generation == 1 and sn.generation == 1 and nh.plan.generation == 1
     assert nh.plan.rails == nh.plan.usable == frozenset(rails)
@@ -113,7 +114,7 @@ def test_start_all_up_per_rail_ip_has_no_routes():
 def test_link_events_before_the_first_snapshot_do_nothing():
     cfg = make_cfg()
     eng = Engine(policy_from_config(cfg))
-    assert eng.handle(link(carrier_lost("rail0"), 5), 5) == []
+    assert decided(eng.handle(link(carrier_lost("rail0"), 5), 5)) == []
     assert eng.generation == 0
     assert eng.rails[0].state == RailState.UNKNOWN
     # the snapshot that follows decides from its own content
@@ -179,7 +180,7 @@ def test_carrier_loss_then_failback_after_hold_down():
     eng, _ = started(rails=(0, 1, 2))
     t1 = 1 * S
     acts = eng.handle(link(carrier_lost("rail1"), t1), t1)
-    assert acts == [
+    assert decided(acts) == [
         ApplyRoutes(2, (host_route(1, (0, 2)),), frozenset(), "link change on rail1", resync=False, purge_neighbors=("rail1",)),
         NotifyHooks(HookPlan(2, frozenset({0, 1, 2}), frozenset({0, 2}), {"h1": None}, "link change on rail1", t1)),
         SendNotice(2, frozenset({0, 2}), urgent=True),
@@ -192,7 +193,7 @@ def test_carrier_loss_then_failback_after_hold_down():
     acts = eng.handle(link(up("rail1"), t2), t2)
     assert eng.rails[1].state == RailState.HOLD_DOWN
     # the link is back: refresh its unresolved neighbour entries, and a hold-down timer
-    assert acts == [RefreshNeighbors("rail1"), SetTimer(t2 + 2 * S)]
+    assert decided(acts) == [RefreshNeighbors("rail1"), SetTimer(t2 + 2 * S)]
     assert eng.generation == 2
 
     # a tick before the deadline changes nothing
@@ -238,7 +239,7 @@ def test_link_lost_during_hold_down_and_stale_tick():
     eng.handle(link(up("rail0"), 2 * S), 2 * S)
     acts = eng.handle(link(carrier_lost("rail0"), 3 * S), 3 * S)
     assert eng.rails[0].state == RailState.DOWN
-    assert acts == []  # nothing usable changed
+    assert decided(acts) == []  # nothing usable changed
     acts = eng.handle(Tick(4 * S), 4 * S)  # the timer set for the first hold-down
     assert applies(acts) == [] and eng.rails[0].state == RailState.DOWN
     acts = eng.handle(link(up("rail0"), 5 * S), 5 * S)
@@ -249,8 +250,8 @@ def test_two_rails_in_hold_down_get_the_earliest_timer_then_the_next():
     eng, _ = started(rails=(0, 1, 2))
     eng.handle(link(carrier_lost("rail0"), S), S)
     eng.handle(link(carrier_lost("rail1"), S), S)
-    assert timers(eng.handle(link(up("rail1"), 2 * S), 2 * S)) == [SetTimer(4 * S)]
-    assert timers(eng.handle(link(up("rail0"), 3 * S), 3 * S)) == []  # 4 s is still earlier
+    assert timers(decided(eng.handle(link(up("rail1"), 2 * S), 2 * S))) == [SetTimer(4 * S)]
+    assert timers(decided(eng.handle(link(up("rail0"), 3 * S), 3 * S))) == []  # 4 s is still earlier
     acts = eng.handle(Tick(4 * S), 4 * S)
     assert eng.rails[1].state == RailState.UP and eng.rails[0].state == RailState.HOLD_DOWN
     assert timers(acts) == [SetTimer(5 * S)]
@@ -262,7 +263,7 @@ def test_operstate_unknown_counts_as_healthy():
     from linkpass.core.model import LinkFacts
 
     acts = eng.handle(link(LinkFacts("rail0", operstate="UNKNOWN"), S), S)
-    assert acts == [] and eng.rails[0].state == RailState.UP
+    assert decided(acts) == [] and eng.rails[0].state == RailState.UP
     acts = eng.handle(link(LinkFacts("rail0", operstate="DORMANT"), 2 * S), 2 * S)
     assert eng.rails[0].state == RailState.DOWN and "operstate DORMANT" in eng.rails[0].reason
 
@@ -271,14 +272,14 @@ def test_repeated_identical_link_event_is_not_a_change():
     eng, _ = started(rails=(0, 1))
     eng.handle(link(carrier_lost("rail1"), S), S)
     g = eng.generation
-    assert eng.handle(link(carrier_lost("rail1"), 2 * S), 2 * S) == []
-    assert eng.handle(link(up("rail0"), 2 * S), 2 * S) == []
+    assert decided(eng.handle(link(carrier_lost("rail1"), 2 * S), 2 * S)) == []
+    assert decided(eng.handle(link(up("rail0"), 2 * S), 2 * S)) == []
     assert eng.generation == g
 
 
 def test_link_event_for_a_netdev_we_do_not_use_is_ignored():
     eng, _ = started()
-    assert eng.handle(link(carrier_lost("eth0"), S), S) == []
+    assert decided(eng.handle(link(carrier_lost("eth0"), S), S)) == []
     assert eng.generation == 1
 
 
@@ -321,7 +322,7 @@ def test_noop_tick_does_not_make_the_next_failover_resync():
     eng.handle(link(carrier_lost("rail0"), S), S)
     eng.handle(link(up("rail0"), 2 * S), 2 * S)  # timer for 4 s
     eng.handle(link(carrier_lost("rail0"), 3 * S), 3 * S)  # hold-down aborted; timer not cancelled
-    assert applies(eng.handle(Tick(4 * S), 4 * S)) == []  # stale tick: nothing to do
+    assert applies(decided(eng.handle(Tick(4 * S), 4 * S))) == []  # stale tick: nothing to do
     (ap,) = applies(eng.handle(link(carrier_lost("rail1"), 5 * S), 5 * S))
     assert ap.resync is False
 
@@ -387,7 +388,7 @@ def test_peer_notice_changes_only_that_peers_route():
 def test_same_peer_notice_again_is_not_a_change():
     eng, _ = started(rails=(0, 1, 2))
     eng.handle(PeerRails("h1", frozenset({0, 2}), 9, 1, S), S)
-    assert eng.handle(PeerRails("h1", frozenset({0, 2}), 9, 2, 2 * S), 2 * S) == []
+    assert decided(eng.handle(PeerRails("h1", frozenset({0, 2}), 9, 2, 2 * S), 2 * S)) == []
     assert eng.generation == 2
     assert eng.peer_last_ns["h1"] == 2 * S
 
@@ -409,7 +410,7 @@ def test_peer_with_no_common_rail_is_kept():
 
 def test_unknown_peer_notice_is_ignored():
     eng, _ = started(rails=(0, 1))
-    assert eng.handle(PeerRails("stranger", frozenset(), 1, 1, S), S) == []
+    assert decided(eng.handle(PeerRails("stranger", frozenset(), 1, 1, S), S)) == []
     assert eng.peer_usable == {} and "stranger" not in eng.peer_last_ns
     assert eng.generation == 1
 
@@ -431,21 +432,21 @@ def test_drain_and_undrain():
     assert notices(acts)[0].usable == frozenset({1})
     acts = eng.handle(Drain(0, False, 2 * S), 2 * S)
     assert eng.rails[0].state == RailState.HOLD_DOWN
-    assert acts == [SetTimer(4 * S)]
+    assert decided(acts) == [SetTimer(4 * S)]
     acts = eng.handle(Tick(4 * S), 4 * S)
     assert applies(acts)[0].routes == (host_route(1, (0, 1)),)
 
 
 def test_drain_of_unknown_rail_is_ignored():
     eng, _ = started(rails=(0, 1))
-    assert eng.handle(Drain(9, True, S), S) == []
+    assert decided(eng.handle(Drain(9, True, S), S)) == []
     assert eng.generation == 1
 
 
 def test_link_changes_while_drained_do_not_replan():
     eng, _ = started(rails=(0, 1))
     eng.handle(Drain(0, True, S), S)
-    assert eng.handle(link(carrier_lost("rail0"), 2 * S), 2 * S) == []
+    assert decided(eng.handle(link(carrier_lost("rail0"), 2 * S), 2 * S)) == []
     assert eng.rails[0].state == RailState.DRAINED
     eng.handle(Drain(0, False, 3 * S), 3 * S)
     assert eng.rails[0].state == RailState.DOWN
@@ -457,7 +458,7 @@ def test_link_changes_while_drained_do_not_replan():
 def test_foreign_route_to_our_destination_forces_resync_without_new_generation():
     eng, _ = started(rails=(0, 1))
     acts = eng.handle(RouteChanged("198.19.0.2/32", proto=4, table=254, deleted=False, t_ns=S), S)
-    assert acts == [ApplyRoutes(1, (host_route(1, (0, 1)),), frozenset(), "route to 198.19.0.2/32 changed outside linkpass", resync=True)]
+    assert decided(acts) == [ApplyRoutes(1, (host_route(1, (0, 1)),), frozenset(), "route to 198.19.0.2/32 changed outside linkpass", resync=True)]
     assert eng.generation == 1
 
 
@@ -470,17 +471,17 @@ def test_our_route_deleted_by_someone_else_forces_resync():
 
 def test_our_own_route_echo_is_ignored():
     eng, _ = started(rails=(0, 1))
-    assert eng.handle(RouteChanged("198.19.0.2/32", proto=PROTO, table=254, deleted=False, t_ns=S), S) == []
+    assert decided(eng.handle(RouteChanged("198.19.0.2/32", proto=PROTO, table=254, deleted=False, t_ns=S), S)) == []
 
 
 def test_route_to_a_destination_not_ours_is_ignored():
     eng, _ = started(rails=(0, 1))
-    assert eng.handle(RouteChanged("10.0.0.0/8", proto=4, table=254, deleted=False, t_ns=S), S) == []
+    assert decided(eng.handle(RouteChanged("10.0.0.0/8", proto=4, table=254, deleted=False, t_ns=S), S)) == []
 
 
 def test_route_change_before_any_plan_is_ignored():
     eng = Engine(policy_from_config(make_cfg()))
-    assert eng.handle(RouteChanged("198.19.0.2/32", proto=4, table=254, deleted=False, t_ns=S), S) == []
+    assert decided(eng.handle(RouteChanged("198.19.0.2/32", proto=4, table=254, deleted=False, t_ns=S), S)) == []
 
 
 def test_echo_of_our_own_deletion_of_a_stale_route_is_ignored():
@@ -490,7 +491,7 @@ def test_echo_of_our_own_deletion_of_a_stale_route_is_ignored():
     (ap,) = applies(eng.handle(Tick(4 * S), 4 * S))
     assert ap.routes == ()  # the actuator now deletes 198.18.1.2/32 (ours)
     echo = RouteChanged("198.18.1.2/32", proto=PROTO, table=254, deleted=True, t_ns=4 * S + MS)
-    assert eng.handle(echo, 4 * S + MS) == []
+    assert decided(eng.handle(echo, 4 * S + MS)) == []
 
 
 # ----------------------------------------------------------------------------- generations
@@ -667,6 +668,6 @@ def test_hook_peers_changed_becomes_set_probe_priority_of_configured_peers():
     from linkpass.core.model import HookPeersChanged, SetProbePriority
 
     eng, _ = started(rails=(0, 1), n_peers=2)
-    assert eng.handle(HookPeersChanged(("h2", "nobody", "h1"), S), S) == [SetProbePriority(("h1", "h2"))]
-    assert eng.handle(HookPeersChanged(("h1", "h2"), 2 * S), 2 * S) == []
-    assert eng.handle(HookPeersChanged((), 3 * S), 3 * S) == [SetProbePriority(())]
+    assert decided(eng.handle(HookPeersChanged(("h2", "nobody", "h1"), S), S)) == [SetProbePriority(("h1", "h2"))]
+    assert decided(eng.handle(HookPeersChanged(("h1", "h2"), 2 * S), 2 * S)) == []
+    assert decided(eng.handle(HookPeersChanged((), 3 * S), 3 * S)) == [SetProbePriority(())]

@@ -8,7 +8,7 @@ from linkpass.config import policy_from_config
 from linkpass.core.engine import INCIDENT_DEDUP_NS, INCIDENTS_KEPT, Engine
 from linkpass.core.model import DeviceIncident, NotifyDeviceFault
 
-from unit_helpers import S, make_cfg, snapshot
+from unit_helpers import S, decided, make_cfg, snapshot
 
 
 def inc(code="xid:79", device="0000:91:00.0", domain="gpu", action="migrate-rank", remedy="reboot-node", source="kmsg", t_ns=0, **kw):
@@ -24,7 +24,7 @@ def engine():
 
 def test_migrate_rank_root_is_notified_and_recorded():
     e = engine()
-    a = e.handle(inc(gpu=2), 1 * S)
+    a = decided(e.handle(inc(gpu=2), 1 * S))
     assert a == [NotifyDeviceFault(inc(gpu=2))]
     st = e.status(2 * S)
     assert st["incident_counts"] == {"gpu": 1} and st["totals"]["incident"] == 1
@@ -37,7 +37,7 @@ def test_migrate_rank_root_is_notified_and_recorded():
 def test_same_fault_from_nvml_and_kmsg_is_one_incident_until_the_window_passes():
     e = engine()
     assert e.handle(inc(source="kmsg"), 1 * S)
-    assert e.handle(inc(source="nvml"), 2 * S) == []
+    assert decided(e.handle(inc(source="nvml"), 2 * S)) == []
     st = e.status(3 * S)
     assert st["incidents"][0]["sources"] == ["kmsg", "nvml"] and st["incidents"][0]["count"] == 2
     assert st["totals"]["incident_duplicates"] == 1 and st["incident_counts"] == {"gpu": 1}
@@ -46,12 +46,12 @@ def test_same_fault_from_nvml_and_kmsg_is_one_incident_until_the_window_passes()
 
 def test_recorded_only_cases():
     e = engine()
-    assert e.handle(inc(backlog=True), 1 * S) == []
-    assert e.handle(inc(code="xid:45", follows="xid:79@0000:91:00.0", device="0000:3b:00.0"), 1 * S) == []
-    assert e.handle(inc(code="xid:13", domain="app", action="none", remedy="none"), 1 * S) == []
+    assert decided(e.handle(inc(backlog=True), 1 * S)) == []
+    assert decided(e.handle(inc(code="xid:45", follows="xid:79@0000:91:00.0", device="0000:3b:00.0"), 1 * S)) == []
+    assert decided(e.handle(inc(code="xid:13", domain="app", action="none", remedy="none"), 1 * S)) == []
     # a link incident on a compute rail netdev: netlink handles the rail, the engine records it
     gen = e.generation
-    a = e.handle(inc(code="mlx5:link_down", device="rail0", domain="nic-link", action="reroute", remedy="observe"), 1 * S)
+    a = decided(e.handle(inc(code="mlx5:link_down", device="rail0", domain="nic-link", action="reroute", remedy="observe"), 1 * S))
     assert a == [] and e.generation == gen
     st = e.status(2 * S)
     link = st["incidents"][-1]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from unit_helpers import make_cfg, snapshot
+from unit_helpers import decided, make_cfg, snapshot
 
 from linkpass.config import policy_from_config, probe_policy
 from linkpass.core.engine import Engine
@@ -25,7 +25,7 @@ def engine(n_peers=2):
 
 
 def probe(e, t, rail, peer, ok):
-    return e.handle(ProbeResult(rail, peer, ok, t, rtt_ns=20_000 if ok else None), t)
+    return decided(e.handle(ProbeResult(rail, peer, ok, t, rtt_ns=20_000 if ok else None), t))
 
 
 def test_one_dead_peer_is_a_peer_problem_not_a_rail_problem():
@@ -118,14 +118,14 @@ def test_loss_over_the_window_marks_the_rail_degraded_and_traffic_avoids_it():
     cfg, e, _ = engine(1)
     h1_ip = str(cfg.peers[0].host_ip)
     t = 10 * MS
-    assert e.handle(ProbeLoss(0, 0.25, 10, t), t) == []  # too few samples to judge
+    assert decided(e.handle(ProbeLoss(0, 0.25, 10, t), t)) == []  # too few samples to judge
     acts = e.handle(ProbeLoss(0, 0.25, 40, t), t) + e.handle(ProbeLoss(1, 0.0, 200, t), t)
     assert 0 in e.degraded and 1 not in e.degraded
     assert e.rails[0].state.value == "UP"  # degraded is not down
     assert rails_to(acts, h1_ip) == [1]
     st = e.status(t)
     assert st["rails"][0]["degraded"] is True and st["rails"][0]["probe_loss"] == 0.25
-    assert e.handle(ProbeLoss(0, 0.08, 200, t + 1000 * MS), t + 1000 * MS) == []  # hysteresis: still degraded
+    assert decided(e.handle(ProbeLoss(0, 0.08, 200, t + 1000 * MS), t + 1000 * MS)) == []  # hysteresis: still degraded
     assert 0 in e.degraded
     acts = e.handle(ProbeLoss(0, 0.01, 200, t + 2000 * MS), t + 2000 * MS)
     assert 0 not in e.degraded and rails_to(acts, h1_ip) == [0, 1]
@@ -275,6 +275,6 @@ def test_a_rail_whose_loss_window_runs_short_keeps_its_avoided_state():
     t = 10 * MS
     acts = e.handle(ProbeLoss(1, 0.0, 200, t), t) + e.handle(ProbeLoss(0, 0.5, 200, t), t)
     assert rails_to(acts, h1_ip) == [1]
-    assert e.handle(ProbeLoss(0, 0.5, 5, t + MS), t + MS) == []
-    assert e.handle(ProbeLoss(1, 0.0, 200, t + 2 * MS), t + 2 * MS) == []  # no flip back
+    assert decided(e.handle(ProbeLoss(0, 0.5, 5, t + MS), t + MS)) == []
+    assert decided(e.handle(ProbeLoss(1, 0.0, 200, t + 2 * MS), t + 2 * MS)) == []  # no flip back
     assert e.avoided_degraded() == frozenset({0})

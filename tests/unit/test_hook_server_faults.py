@@ -1,5 +1,5 @@
-"""Device faults to hook clients (HookServer on a real unix socket, the daemon's _device_fault
-with a real Engine): a fault that reached no client is kept per GPU and delivered to the client
+"""Device faults to hook clients (HookServer on a real unix socket, or the fake beside it; the
+daemon's NotifyDeviceFault handler, DeviceFaultNotifier, with a real Engine): a fault that reached no client is kept per GPU and delivered to the client
 that registers on that GPU; `notified` says whether a client got it; a fault with no GPU index
 goes to nobody and is logged as a node-level fault."""
 
@@ -8,16 +8,16 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from types import SimpleNamespace
 
 from linkpass.config import policy_from_config
 from linkpass.adapters import hook_server as hs
+from linkpass.adapters.fakes import FakeHistoryReader, FakeHookNotifier
 from linkpass.adapters.hook_server import HookServer
 from linkpass.core.engine import Engine
-from linkpass.core.model import DeviceFaultDelivered, DeviceIncident
-from linkpass.daemon import Daemon
+from linkpass.core.model import DeviceFaultDelivered, DeviceIncident, NotifyDeviceFault, PublishHistory
+from linkpass.daemon import DeviceFaultNotifier
 
-from unit_helpers import S, make_cfg, snapshot
+from unit_helpers import S, decided, make_cfg, snapshot
 
 INC = {"domain": "gpu", "device": "0000:1c:00.0", "code": "xid:79", "action": "migrate-rank", "remedy": "reboot-node",
        "source": "kmsg", "summary": "GPU has fallen off the bus"}
@@ -119,27 +119,37 @@ def test_fault_without_gpu_goes_to_no_client(tmp_path):
 
 # -- the daemon's side: notified, late delivery, unattributed -----------------------------------
 
-def _daemon(hooks):
-    cfg = make_cfg()
-    e = Engine(policy_from_config(cfg))
-    e.handle(snapshot(cfg), 0)
-    posted: list = []  # the daemon's event queue: what the late-delivery callback posts
-    return SimpleNamespace(engine=e, hooks=hooks, queue=SimpleNamespace(put_nowait=posted.append), posted=posted)
+class _Loop:
+    """What the daemon's loop does for these actions: NotifyDeviceFault to the daemon's real
+    handler (:class:`DeviceFaultNotifier`), its outcome fed back through Engine.handle in the
+    same turn, PublishHistory to a history reader; ``posted`` is the event queue."""
 
+    def __init__(self, hooks):
+        self.cfg = make_cfg()
+        self.engine = Engine(policy_from_config(self.cfg))
+        self.engine.handle(snapshot(self.cfg), 0)
+        self.posted: list = []
+        self.notify = DeviceFaultNotifier(hooks, self.posted.append)
+        self.history = FakeHistoryReader()
 
-def _device_fault(me, act, now_ns):
-    """The daemon's handler, its outcome fed back through Engine.handle as the dispatcher does."""
-    outcome = Daemon._device_fault(me, act)
-    assert [type(ev) for ev in outcome] == [DeviceFaultDelivered]
-    for ev in outcome:
-        assert me.engine.handle(ev, now_ns) == []
+    def step(self, ev, now_ns) -> list:
+        """One event through the engine and its actions dispatched; returns the decisions."""
+        acts = self.engine.handle(ev, now_ns)
+        for a in acts:
+            if isinstance(a, NotifyDeviceFault):
+                outcome = self.notify(a)
+                assert [type(o) for o in outcome] == [DeviceFaultDelivered]
+                for o in outcome:
+                    assert decided(self.engine.handle(o, now_ns)) == []
+            elif isinstance(a, PublishHistory):
+                self.history.on_events(a.entries)
+        return decided(acts)
 
-
-def _handle_posted(me, now_ns):
-    events, me.posted[:] = list(me.posted), []
-    for ev in events:
-        me.engine.handle(ev, now_ns)
-    return events
+    def handle_posted(self, now_ns):
+        events, self.posted[:] = list(self.posted), []
+        for ev in events:
+            self.step(ev, now_ns)
+        return events
 
 
 def _incident(gpu, code="xid:79", device="0000:1c:00.0", t_ns=7):
@@ -152,28 +162,26 @@ def test_notified_only_when_a_client_got_it_and_late_delivery_is_recorded(tmp_pa
     async def main():
         srv = HookServer(path, "h0")
         await srv.start()
-        me = _daemon(srv)
-        ev = _incident(4)
-        (act,) = me.engine.handle(ev, 1 * S)
+        me = _Loop(srv)
         with caplog.at_level(logging.WARNING, logger="linkpass.daemon"):
-            _device_fault(me, act, 1 * S)
+            assert me.step(_incident(4), 1 * S) == [NotifyDeviceFault(_incident(4))]
         assert "told 0 hook client(s)" in caplog.text and "kept for a client that registers on that GPU" in caplog.text
         (d,) = me.engine.status(2 * S)["incidents"]
         assert (d["notified"], d["hook_clients"], d["kept"]) == (False, 0, True)
-        (h,) = [x for x in me.engine.drain_events() if x.kind == "incident"]
+        (h,) = [x for x in me.history.entries if x.kind == "incident"]
         assert h.data["notified"] is False  # what MQTT and the metrics get
         r, w = await _register(path, gpu=4)
         assert (await _readline(r))["type"] == "device_fault"
-        (late,) = _handle_posted(me, 3 * S)
+        (late,) = me.handle_posted(3 * S)
         assert isinstance(late, DeviceFaultDelivered) and late.late and late.clients == 1
         (d,) = me.engine.status(3 * S)["incidents"]
         assert (d["notified"], d["hook_clients"], d["kept"], d["delivered_late"]) == (True, 1, False, True)
         # a client on the GPU now: told at once
-        (act,) = me.engine.handle(_incident(4, code="xid:48", t_ns=8), 4 * S)
-        _device_fault(me, act, 4 * S)
+        me.step(_incident(4, code="xid:48", t_ns=8), 4 * S)
         assert (await _readline(r))["incident"]["code"] == "xid:48"
         d = me.engine.status(5 * S)["incidents"][-1]
         assert (d["notified"], d["hook_clients"], d["kept"]) == (True, 1, False)
+        assert me.history.entries[-1].data["notified"] is True
         w.close()
         await srv.close()
 
@@ -187,12 +195,11 @@ def test_fault_that_cannot_be_attributed_to_a_gpu_is_a_node_level_warning(tmp_pa
         srv = HookServer(path, "h0")
         await srv.start()
         r, w = await _register(path, gpu=None)
-        me = _daemon(srv)
+        me = _Loop(srv)
         ev = DeviceIncident("kmsg", "nvlink", "0000:06:00.0", "sxid:20034", "migrate-rank", "drain-node", 9,
                             summary="SXid 20034 Fatal LTSSM", gpu=None)
-        (act,) = me.engine.handle(ev, 1 * S)
         with caplog.at_level(logging.WARNING, logger="linkpass.daemon"):
-            _device_fault(me, act, 1 * S)
+            me.step(ev, 1 * S)
         assert await _nothing(r)
         (rec,) = [x for x in caplog.records if "DEVICE FAULT" in x.getMessage()]
         text = rec.getMessage()
@@ -205,3 +212,37 @@ def test_fault_that_cannot_be_attributed_to_a_gpu_is_a_node_level_warning(tmp_pa
         await srv.close()
 
     asyncio.run(main())
+
+
+# -- the same through the fake hook server (no socket) ---------------------------------------
+
+def test_kept_then_late_delivery_through_the_fake_hooks():
+    hooks = FakeHookNotifier()
+    me = _Loop(hooks)
+    me.step(_incident(4), 1 * S)
+    assert [(f[1], f[0]["code"]) for f in hooks.faults] == [(4, "xid:79")]
+    (d,) = me.engine.status(2 * S)["incidents"]
+    assert (d["notified"], d["hook_clients"], d["kept"]) == (False, 0, True)
+    assert hooks.register(4) == 1  # a client registers on GPU 4: the kept fault reaches it
+    (late,) = me.handle_posted(3 * S)
+    assert late.late and late.clients == 1
+    (d,) = me.engine.status(3 * S)["incidents"]
+    assert (d["notified"], d["hook_clients"], d["kept"], d["delivered_late"]) == (True, 1, False, True)
+    (h,) = [x for x in me.history.entries if x.kind == "incident"]
+    assert h.data["notified"] is False  # published before the late delivery; only status follows it
+
+
+def test_hooks_off_nobody_is_told_and_nothing_is_kept():
+    me = _Loop(None)
+    me.step(_incident(4), 1 * S)
+    (d,) = me.engine.status(2 * S)["incidents"]
+    assert (d["notified"], d["hook_clients"], d["kept"]) == (False, 0, False)
+
+
+def test_unattributed_fault_reaches_no_fake_client():
+    hooks = FakeHookNotifier({0: 1, 1: 1})
+    me = _Loop(hooks)
+    me.step(_incident(None), 1 * S)
+    assert hooks.faults == [] and hooks.unattributed == 0  # not even asked: the daemon knows no GPU
+    (d,) = me.engine.status(2 * S)["incidents"]
+    assert d["gpu_unknown"] is True and d["notified"] is False

@@ -11,7 +11,7 @@ from linkpass.core.engine import INCIDENT_DEDUP_NS, Engine
 from linkpass.core.model import NotifyDeviceFault
 from linkpass.lab.inject import xid_line
 
-from unit_helpers import S, make_cfg, snapshot
+from unit_helpers import S, decided, make_cfg, snapshot
 
 XID119 = xid_line(6, 119)
 
@@ -104,17 +104,17 @@ def test_engine_keeps_the_recurrence_and_still_merges_two_sources(tmp_path):
     f, log = follower(tmp_path, lambda ev: None)
     t0 = 100 * S
     (a,) = feed(f, log, rec(2, XID119), t0)
-    assert e.handle(a, t0 + 1000) == [NotifyDeviceFault(a)]
+    assert decided(e.handle(a, t0 + 1000)) == [NotifyDeviceFault(a)]
     # the same Xid through NVML 50 ms later (its event handled late, the loop was busy): one
     # incident, two sources
     nv = type(a)("nvml", a.domain, a.device, a.code, a.action, a.remedy, t0 + 50_000_000, gpu=6)
-    assert e.handle(nv, t0 + 2 * S) == []
+    assert decided(e.handle(nv, t0 + 2 * S)) == []
     st = e.status(t0 + S)
     assert st["totals"]["incident_duplicates"] == 1 and st["incidents"][-1]["sources"] == ["kmsg", "nvml"]
     # a recurrence one window after the last sighting (by the sources' clocks): less than a window
     # after the engine handled the late NVML event, and still a new incident
-    (b,) = feed(f, log, rec(3, XID119), t0 + 50_000_000 + INCIDENT_DEDUP_NS)
-    assert e.handle(b, b.t_ns + 1000) == [NotifyDeviceFault(b)]
+    (b,) = feed(f, log, rec(3, XID119), t0 + 50_000_000 + REPEAT_WINDOW_NS)
+    assert decided(e.handle(b, b.t_ns + 1000)) == [NotifyDeviceFault(b)]
     assert e.status(b.t_ns + S)["incident_counts"] == {"gpu": 2}
 
 
@@ -131,7 +131,7 @@ def test_backlog_sighting_does_not_swallow_a_live_fault(tmp_path):
     f = KmsgFollower(str(log), lambda ev: None, str(tmp_path / "state"), "h0", boot_id_path=str(tmp_path / "boot_id"))
     assert f.open()
     (old,) = f.classify(f.start_batch(f.read_available()), 100 * S)
-    assert old.backlog and e.handle(old, 100 * S) == []
+    assert old.backlog and decided(e.handle(old, 100 * S)) == []
     (live,) = feed(f, log, rec(3, x79), 102 * S)
     assert not live.backlog and live.seq == 3
-    assert e.handle(live, 102 * S) == [NotifyDeviceFault(live)]
+    assert decided(e.handle(live, 102 * S)) == [NotifyDeviceFault(live)]

@@ -12,9 +12,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from unit_helpers import MS, S, carrier_lost, make_toml, snapshot, up
 
-from linkpass.adapters.metrics import METRIC_NAMES, LatencyTracker, MetricsError
+from linkpass.adapters.metrics import METRIC_NAMES, DaemonMetrics, LatencyTracker, MetricsError
 from linkpass.config import ConfigError, parse_config
-from linkpass.core.model import DeviceIncident, HistoryEntry, LinkChanged, RoutesApplied, Tick
+from linkpass.adapters.fakes import FakePublisher
+from linkpass.core.model import DeviceIncident, HistoryEntry, LinkChanged, PublishHistory, RoutesApplied, Tick
 from linkpass.daemon import Daemon
 
 
@@ -41,10 +42,10 @@ def make_daemon(tmp_path, extra: str = "") -> Daemon:
 
 
 def step(d: Daemon, ev, now_ns: int) -> list:
-    """What the daemon's engine loop does with one event (without the asyncio queue)."""
+    """What the daemon's engine loop does with one event's history (without the asyncio queue
+    and the other adapters): its PublishHistory through the dispatch table."""
     acts = d.engine.handle(ev, now_ns)
-    if d.engine.new_events:
-        d._emit(d.engine.drain_events())
+    d._dispatch([a for a in acts if isinstance(a, PublishHistory)])
     return acts
 
 
@@ -122,22 +123,12 @@ def test_every_exported_name_is_documented(daemon):
     assert {"linkpass_rail_state", "linkpass_failovers_total", "linkpass_detection_latency_seconds"} <= ours
 
 
-class _FakeOutbox:
-    """Stands in for the MQTT adapter's two read-outs (depth(), dropped_total)."""
-
-    connected = True
-    dropped_total = 7
-
-    def depth(self) -> int:
-        return 42
-
-
 def test_outbox_depth_read_from_daemon_mqtt(daemon):
     d = daemon
     port = d.metrics.start("127.0.0.1", 0)[1]
     d.mqtt = None
     assert value(scrape(port), "linkpass_mqtt_outbox_depth") is None
-    d.mqtt = _FakeOutbox()
+    d.mqtt = FakePublisher(connected=True, depth=42, dropped_total=7)
     m = scrape(port)
     assert value(m, "linkpass_mqtt_outbox_depth") == 42
     assert value(m, "linkpass_mqtt_outbox_dropped_total") == 7
@@ -190,7 +181,7 @@ async def _start_on_loop(d: Daemon) -> int:
 def test_metrics_off_builds_nothing(tmp_path):
     d = make_daemon(tmp_path, "[metrics]\nenabled = false\n")
     assert d.metrics is None
-    assert all(getattr(s, "__self__", None) is not None for s in d.event_sinks)
+    assert not any(isinstance(getattr(s, "__self__", None), DaemonMetrics) for s in d.history_readers)
 
 
 @pytest.mark.parametrize("body, where", [

@@ -255,7 +255,7 @@ def _plan(f: NcclEnvFile, generation: int, status: dict) -> None:
 
 
 def test_engine_computes_the_env_file_from_its_own_rails(tmp_path, tree):
-    from unit_helpers import carrier_lost, snapshot
+    from unit_helpers import carrier_lost, decided, snapshot
 
     path = tmp_path / "nccl.env"
     cfg = _cfg(tmp_path, tree, path)
@@ -264,7 +264,7 @@ def test_engine_computes_the_env_file_from_its_own_rails(tmp_path, tree):
     (w,) = [a for a in eng.handle(snapshot(cfg, 0), 0) if isinstance(a, WriteNcclEnv)]
     # the addresses the netlink dump brings right after the first plan are in the file it writes
     for i, d in enumerate(DEVS):
-        assert eng.handle(AddrChanged(d, f"10.{i}.0.1", 24, True, 0), 0) == []
+        assert decided(eng.handle(AddrChanged(d, f"10.{i}.0.1", 24, True, 0), 0)) == []
     # the same text the adapter used to compute from `linkpass status` JSON
     assert w.generation == 1 and w.error is None
     assert "NCCL_SOCKET_IFNAME==" + ",".join(DEVS) in w.text.splitlines()

@@ -104,24 +104,24 @@ def make_daemon(tmp_path) -> Daemon:
 def test_service_notifier_ready_once_then_status_on_change(notify_socket, tmp_path):
     addr, s = notify_socket
     d = make_daemon(tmp_path)
-    sn = ServiceNotifier(SdNotifier(addr), d)
+    sn = ServiceNotifier(SdNotifier(addr))
     sn.reloading()
-    sn.reloaded()
-    sn.on_events([])
+    sn.reloaded(d.snapshot())
+    sn.update(d.snapshot())
     assert recv_all(s) == []  # nothing before READY=1 (a reload must not claim readiness)
     d.engine.handle(snapshot(d.cfg, 0), 0)
     d.engine.handle(RoutesApplied(1, MS), MS)
-    sn.ready()
-    sn.ready()
+    sn.ready(d.snapshot())
+    sn.ready(d.snapshot())
     assert recv_all(s) == ["READY=1\nSTATUS=2/2 rails up, plan generation 1, 0/1 peers heard"]
-    sn.on_events([])
+    sn.update(d.snapshot())
     assert recv_all(s) == []  # unchanged summary: no datagram
     d.engine.handle(LinkChanged(carrier_lost("rail0"), S), S)
-    sn.on_events(d.engine.drain_events())
+    sn.update(d.snapshot())
     assert recv_all(s) == ["STATUS=1/2 rails up, plan generation 2, 0/1 peers heard"]
     sn.reloading()
     d.reload_error = "bad file"
-    sn.reloaded()
+    sn.reloaded(d.snapshot())
     got = recv_all(s)
     assert got[0].startswith("RELOADING=1\nMONOTONIC_USEC=")
     assert got[1] == "READY=1\nSTATUS=1/2 rails up, plan generation 2, 0/1 peers heard, last reload refused (old config kept)"
@@ -134,12 +134,12 @@ def test_status_line_names_degraded_rails_and_route_errors(tmp_path):
     d.engine.handle(snapshot(d.cfg, 0), 0)
     d.engine.handle(RoutesApplied(1, MS, errors=("replace 198.19.0.2/32: Network is unreachable",)), MS)
     d.engine.degraded.add(1)
-    assert status_line(d) == "2/2 rails up, plan generation 1, 0/1 peers heard, degraded rail(s) 1, 1 route error(s)"
+    assert status_line(d.snapshot()) == "2/2 rails up, plan generation 1, 0/1 peers heard, degraded rail(s) 1, 1 route error(s)"
 
 
 def test_watchdog_loop_pings_every_half_timeout_and_stops_when_the_loop_blocks(notify_socket, tmp_path):
     addr, s = notify_socket
-    sn = ServiceNotifier(SdNotifier(addr, watchdog_usec=100_000), make_daemon(tmp_path))  # ping every 50 ms
+    sn = ServiceNotifier(SdNotifier(addr, watchdog_usec=100_000))  # ping every 50 ms
 
     async def main() -> tuple[list[str], list[str]]:
         task = asyncio.create_task(sn.watchdog_loop())

@@ -107,3 +107,18 @@ def timers(actions) -> list[SetTimer]:
 
 def nexthop_rails(route) -> list[int]:
     return [n.rail for n in route.nexthops]
+
+
+def decided(actions) -> list:
+    """The engine's decisions: its actions without the :class:`PublishHistory` that carries
+    the history the call recorded (tests of what the engine decides compare these)."""
+    from linkpass.core.model import PublishHistory
+
+    return [a for a in actions if not isinstance(a, PublishHistory)]
+
+
+def history_of(actions) -> list:
+    """The history entries the actions publish (every :class:`PublishHistory`'s), oldest first."""
+    from linkpass.core.model import PublishHistory
+
+    return [e for a in actions if isinstance(a, PublishHistory) for e in a.entries]
