@@ -74,15 +74,15 @@ def test_one_dedup_window_each_sighting_restarts_it_and_backlog_starts_none():
     repeats one incident: 9 s apart forever is one incident, a quiet window makes a new one."""
     e = engine()
     t = 1 * S
-    assert e.handle(inc(t_ns=t), t)
+    assert decided(e.handle(inc(t_ns=t), t))
     for _ in range(3):  # the driver repeating its line every 9 s: the window keeps restarting
         t += 9 * S
-        assert e.handle(inc(t_ns=t), t) == []
+        assert decided(e.handle(inc(t_ns=t), t)) == []
     t += INCIDENT_DEDUP_NS
-    assert e.handle(inc(t_ns=t), t)  # quiet for a window: a new incident, acted on
+    assert decided(e.handle(inc(t_ns=t), t))  # quiet for a window: a new incident, acted on
     st = e.status(t)
     assert st["totals"]["incident_duplicates"] == 3 and [d["count"] for d in st["incidents"]] == [4, 1]
     # a backlog sighting is recorded but starts no window: the live one right after is acted on
     e = engine()
-    assert e.handle(inc(code="xid:48", backlog=True, t_ns=1 * S), 1 * S) == []
-    assert e.handle(inc(code="xid:48", t_ns=2 * S), 2 * S)
+    assert decided(e.handle(inc(code="xid:48", backlog=True, t_ns=1 * S), 1 * S)) == []
+    assert decided(e.handle(inc(code="xid:48", t_ns=2 * S), 2 * S))

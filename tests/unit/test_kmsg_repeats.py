@@ -113,7 +113,7 @@ def test_engine_keeps_the_recurrence_and_still_merges_two_sources(tmp_path):
     assert st["totals"]["incident_duplicates"] == 1 and st["incidents"][-1]["sources"] == ["kmsg", "nvml"]
     # a recurrence one window after the last sighting (by the sources' clocks): less than a window
     # after the engine handled the late NVML event, and still a new incident
-    (b,) = feed(f, log, rec(3, XID119), t0 + 50_000_000 + REPEAT_WINDOW_NS)
+    (b,) = feed(f, log, rec(3, XID119), t0 + 50_000_000 + INCIDENT_DEDUP_NS)
     assert decided(e.handle(b, b.t_ns + 1000)) == [NotifyDeviceFault(b)]
     assert e.status(b.t_ns + S)["incident_counts"] == {"gpu": 2}
 
