@@ -293,8 +293,17 @@ def test_checker_allows_pure_imports(src):
 # topology: the pure parts (model, affinity, importers) parse and decide; only the readers
 # (sysfs.py, live.py, capture.py) and the CLI touch the host.
 TOPOLOGY = Path(linkpass.__file__).resolve().parent.parent / "topology"
-TOPOLOGY_PURE = ["model.py", "affinity.py", "importers/__init__.py", "importers/_bounds.py", "importers/ibtools.py", "importers/nvsmi.py", "importers/nccl_xml.py"]
+TOPOLOGY_PURE = ["model.py", "affinity.py", "importers/__init__.py", "importers/_bounds.py", "importers/nvsmi.py", "importers/nccl_xml.py",
+                 # the ibtools package: one module per tool, the reader and their shared parts
+                 "importers/ibtools/__init__.py", "importers/ibtools/_common.py", "importers/ibtools/_reader.py",
+                 "importers/ibtools/ibstat.py", "importers/ibtools/ibstatus.py", "importers/ibtools/ibv_devinfo.py",
+                 "importers/ibtools/ibdev2netdev.py", "importers/ibtools/rdma_link.py", "importers/ibtools/ibv_devices.py"]
 TOPOLOGY_FORBIDDEN = (FORBIDDEN - {"os"}) | {"topology.sysfs", "topology.live", "topology.capture", "topology.cli", "linkpass"}
+
+
+def test_every_importer_file_is_listed_as_pure():
+    found = {str(p.relative_to(TOPOLOGY)) for p in (TOPOLOGY / "importers").rglob("*.py")}
+    assert found <= set(TOPOLOGY_PURE), sorted(found - set(TOPOLOGY_PURE))
 
 
 @pytest.mark.parametrize("rel", TOPOLOGY_PURE)
