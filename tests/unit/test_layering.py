@@ -368,5 +368,5 @@ def test_product_never_imports_the_lab(path):
 
 
 def test_the_lab_is_where_the_guide_says():
-    assert {p.name for p in (PKG / "lab").iterdir()} >= {"fabric", "demo.py", "demo_train.py", "inject.py", "benchcmd.py"}
+    assert {p.name for p in (PKG / "lab").iterdir()} >= {"fabric", "demo", "demo_train.py", "inject.py", "benchcmd.py"}
     assert not any((PKG / n).exists() for n in ("fabric", "demo.py", "demo_train.py", "inject.py", "benchcmd.py"))
