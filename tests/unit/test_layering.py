@@ -342,7 +342,18 @@ def test_torch_hooks_client_parts_import_no_torch(rel, forbidden):
     assert bad == []
 
 
-@pytest.mark.parametrize("rel", ["pg.py", "guard.py", "spare.py"])
+HOOKS_TORCH_PARTS = ["pg.py", "spare.py",
+                     # LinkPassGuard, by idea (torch_hooks/guard/__init__.py says which part is where)
+                     "guard/__init__.py", "guard/group.py", "guard/state.py", "guard/store.py", "guard/rebuild.py",
+                     "guard/migration.py", "guard/exits.py"]
+
+
+def test_every_guard_file_is_listed_as_a_torch_part():
+    found = {str(p.relative_to(TOPOLOGY.parent / "torch_hooks")) for p in (TOPOLOGY.parent / "torch_hooks" / "guard").rglob("*.py")}
+    assert found <= set(HOOKS_TORCH_PARTS), sorted(found - set(HOOKS_TORCH_PARTS))
+
+
+@pytest.mark.parametrize("rel", HOOKS_TORCH_PARTS)
 def test_torch_hooks_torch_parts_do_not_reach_into_the_daemon(rel):
     """The in-process parts (they import torch) talk to the daemon only through client/protocol."""
     src = (TOPOLOGY.parent / "torch_hooks" / rel).read_text(encoding="utf-8")
