@@ -7,7 +7,7 @@
 appends one kmsg-style record (``prio,seq,usec,flags;message``, what ``/dev/kmsg`` yields) with
 an NVRM Xid line for that host's GPU to the host's kernel-log file on the emulated fabric
 (``<state_dir>/h<I>.kmsg``, which the host's daemon follows: ``[device] kmsg_path`` in its
-config, see :func:`linkpass.lab.fabric.fabric._host_config`).  The daemon classifies it (Xid 79
+config, see :func:`linkpass.lab.fabric.spec._host_config`).  The daemon classifies it (Xid 79
 -> domain gpu, action migrate-rank) and sends ``device_fault`` to the hook clients on that GPU.
 
 The fabric has no GPUs: emulated GPU ``G`` of every emulated host has the PCI bus id

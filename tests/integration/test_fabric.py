@@ -197,13 +197,15 @@ class _Crash(BaseException):
 
 def test_down_after_a_crash_half_way_through_up(monkeypatch, make_fabric):
     name = _name()
-    real = fabric_mod._create_netns
+    from linkpass.lab.fabric import build  # where _build finds _create_netns
+
+    real = build._create_netns
 
     def create_two_then_die(names):
         real(names[:2])
         raise _Crash()
 
-    monkeypatch.setattr(fabric_mod, "_create_netns", create_two_then_die)
+    monkeypatch.setattr(build, "_create_netns", create_two_then_die)
     with pytest.raises(_Crash):
         make_fabric(3, 2, name=name)
     monkeypatch.undo()

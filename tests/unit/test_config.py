@@ -398,7 +398,7 @@ def test_every_host_name_the_tests_and_the_fabric_use_still_passes():
     files = [f for f in files if not f.name.startswith("test_config")]
     pat = re.compile(r"""(?:\bhost\s*=\s*|["']host["']\s*:\s*)["']([^"'\\{}@\n]*)["']""")
     names = {m for f in files for m in pat.findall(f.read_text(encoding="utf-8", errors="replace"))}
-    names |= {f"h{i}" for i in range(64)}  # the fabric's hosts (linkpass/lab/fabric/fabric.py: f"h{i}")
+    names |= {f"h{i}" for i in range(64)}  # the fabric's hosts (linkpass/lab/fabric/spec.py: f"h{i}")
     assert {"h0", "h1", "gpu-node-07"} <= names
     def broker_ip(n: str) -> bool:  # [mqtt] host = "::1" is a broker address, not a daemon.host
         try:

@@ -293,8 +293,17 @@ def test_checker_allows_pure_imports(src):
 # topology: the pure parts (model, affinity, importers) parse and decide; only the readers
 # (sysfs.py, live.py, capture.py) and the CLI touch the host.
 TOPOLOGY = Path(linkpass.__file__).resolve().parent.parent / "topology"
-TOPOLOGY_PURE = ["model.py", "affinity.py", "importers/__init__.py", "importers/_bounds.py", "importers/ibtools.py", "importers/nvsmi.py", "importers/nccl_xml.py"]
+TOPOLOGY_PURE = ["model.py", "affinity.py", "importers/__init__.py", "importers/_bounds.py", "importers/nvsmi.py", "importers/nccl_xml.py",
+                 # the ibtools package: one module per tool, the reader and their shared parts
+                 "importers/ibtools/__init__.py", "importers/ibtools/_common.py", "importers/ibtools/_reader.py",
+                 "importers/ibtools/ibstat.py", "importers/ibtools/ibstatus.py", "importers/ibtools/ibv_devinfo.py",
+                 "importers/ibtools/ibdev2netdev.py", "importers/ibtools/rdma_link.py", "importers/ibtools/ibv_devices.py"]
 TOPOLOGY_FORBIDDEN = (FORBIDDEN - {"os"}) | {"topology.sysfs", "topology.live", "topology.capture", "topology.cli", "linkpass"}
+
+
+def test_every_importer_file_is_listed_as_pure():
+    found = {str(p.relative_to(TOPOLOGY)) for p in (TOPOLOGY / "importers").rglob("*.py")}
+    assert found <= set(TOPOLOGY_PURE), sorted(found - set(TOPOLOGY_PURE))
 
 
 @pytest.mark.parametrize("rel", TOPOLOGY_PURE)
@@ -333,7 +342,18 @@ def test_torch_hooks_client_parts_import_no_torch(rel, forbidden):
     assert bad == []
 
 
-@pytest.mark.parametrize("rel", ["pg.py", "guard.py", "spare.py"])
+HOOKS_TORCH_PARTS = ["pg.py", "spare.py",
+                     # LinkPassGuard, by idea (torch_hooks/guard/__init__.py says which part is where)
+                     "guard/__init__.py", "guard/group.py", "guard/state.py", "guard/store.py", "guard/rebuild.py",
+                     "guard/migration.py", "guard/exits.py"]
+
+
+def test_every_guard_file_is_listed_as_a_torch_part():
+    found = {str(p.relative_to(TOPOLOGY.parent / "torch_hooks")) for p in (TOPOLOGY.parent / "torch_hooks" / "guard").rglob("*.py")}
+    assert found <= set(HOOKS_TORCH_PARTS), sorted(found - set(HOOKS_TORCH_PARTS))
+
+
+@pytest.mark.parametrize("rel", HOOKS_TORCH_PARTS)
 def test_torch_hooks_torch_parts_do_not_reach_into_the_daemon(rel):
     """The in-process parts (they import torch) talk to the daemon only through client/protocol."""
     src = (TOPOLOGY.parent / "torch_hooks" / rel).read_text(encoding="utf-8")
@@ -359,5 +379,5 @@ def test_product_never_imports_the_lab(path):
 
 
 def test_the_lab_is_where_the_guide_says():
-    assert {p.name for p in (PKG / "lab").iterdir()} >= {"fabric", "demo.py", "demo_train.py", "inject.py", "benchcmd.py"}
+    assert {p.name for p in (PKG / "lab").iterdir()} >= {"fabric", "demo", "demo_train.py", "inject.py", "benchcmd.py"}
     assert not any((PKG / n).exists() for n in ("fabric", "demo.py", "demo_train.py", "inject.py", "benchcmd.py"))
