@@ -23,7 +23,7 @@ A handler may answer with events (the device-fault outcome): they go through
 too: each ``handle()`` that recorded entries ends its actions with one :class:`PublishHistory`,
 handed to every history reader (each isolated: one that raises is logged, the others still get
 the entries).  Adapters that report the daemon's state (metrics, the systemd STATUS= line, the
-control socket's ``status``) read a :class:`~linkpass.core.snapshot.DaemonSnapshot` that
+control socket's ``status``) read a :class:`~linkpass.core.status.DaemonSnapshot` that
 :meth:`Daemon.snapshot` builds on the loop, never the daemon itself.
 Signals: SIGTERM/SIGINT stop the daemon and leave routes as they are (traffic must not drop
 because the daemon stops); SIGHUP reloads the config (an invalid new config is logged and
@@ -82,7 +82,7 @@ from linkpass.core.model import (
     WriteNcclEnv,
 )
 from linkpass.core.probe_filter import ProbeFilter
-from linkpass.core.snapshot import (  # STATUS_SCHEMA: kept importable from here
+from linkpass.core.status import (  # STATUS_SCHEMA: kept importable from here
     STATUS_SCHEMA,  # noqa: F401
     DaemonSnapshot,
     HooksSnapshot,
@@ -485,7 +485,7 @@ class Daemon:
     # ------------------------------------------------------------------ control socket
 
     def snapshot(self, now_ns: int | None = None, *, probes: bool = True, engine: bool = True) -> DaemonSnapshot:
-        """The daemon's state now, frozen (:class:`~linkpass.core.snapshot.DaemonSnapshot`): what
+        """The daemon's state now, frozen (:class:`~linkpass.core.status.DaemonSnapshot`): what
         metrics, the systemd STATUS= line and ``status`` render.  Call on the event loop.
 
         Args:
@@ -567,7 +567,7 @@ class Daemon:
         )
 
     def status(self) -> dict:
-        """The control socket's ``status`` answer: :func:`~linkpass.core.snapshot.status_json`
+        """The control socket's ``status`` answer: :func:`~linkpass.core.status.status_json`
         of a full :meth:`snapshot`."""
         return status_json(self.snapshot())
 

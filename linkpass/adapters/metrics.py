@@ -8,7 +8,7 @@ Two feeds (DESIGN.md rule 1: the engine decides, adapters only watch):
   failovers, failbacks, detection and reroute latency, incidents by domain, suppressions, one
   counter per history kind.
 * **scrape time** — :func:`state_families` renders gauges from a
-  :class:`~linkpass.core.snapshot.DaemonSnapshot` when Prometheus scrapes: rail state, usable
+  :class:`~linkpass.core.status.DaemonSnapshot` when Prometheus scrapes: rail state, usable
   rails, plan generation, probe RTT and loss, hook connections, MQTT outbox depth, route and
   netlink counters.  prometheus_client serves HTTP from its own thread
   (``start_http_server``); the daemon's state belongs to the asyncio loop, so the collector
@@ -48,7 +48,7 @@ from collections.abc import Callable, Iterable
 from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector, disable_created_metrics, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from linkpass.core.snapshot import DaemonSnapshot
+from linkpass.core.status import DaemonSnapshot
 
 log = logging.getLogger("linkpass.metrics")
 
@@ -316,7 +316,7 @@ def _counter(name: str, doc: str, labels: list[str] | None = None) -> CounterMet
 
 
 def state_families(snap: DaemonSnapshot) -> list[Metric]:
-    """Every scrape-time family, rendered from one :class:`~linkpass.core.snapshot.DaemonSnapshot`
+    """Every scrape-time family, rendered from one :class:`~linkpass.core.status.DaemonSnapshot`
     (see :class:`DaemonMetrics`); a part that is off (prober, hooks, MQTT) is left out."""
     out: list[Metric] = []
     info = _gauge("linkpass_info", "Constant 1, labelled with what this daemon is.", ["host", "mode", "reroute", "version"])

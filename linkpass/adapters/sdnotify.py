@@ -27,7 +27,7 @@ import socket
 import time
 from collections.abc import Mapping
 
-from linkpass.core.snapshot import DaemonSnapshot
+from linkpass.core.status import DaemonSnapshot
 
 log = logging.getLogger("linkpass.systemd")
 
@@ -145,7 +145,7 @@ def _one_line(text: str) -> str:
 
 def status_line(snap: DaemonSnapshot) -> str:
     """The one-line summary for ``STATUS=`` (what ``systemctl status`` shows), rendered from a
-    :class:`~linkpass.core.snapshot.DaemonSnapshot`, e.g.
+    :class:`~linkpass.core.status.DaemonSnapshot`, e.g.
     ``2/2 rails up, plan generation 5, 1/1 peers heard``; degraded rails, route errors and a
     refused reload are added when there are any."""
     parts = [f"{len(snap.usable_rails)}/{len(snap.rails)} rails up", f"plan generation {snap.generation}"]

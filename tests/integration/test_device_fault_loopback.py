@@ -162,13 +162,11 @@ def test_spare_takes_over_a_faulty_rank_and_weights_match(tmp_path):
 
 
 def test_no_spare_left_stops_every_rank_with_a_distinct_code(tmp_path):
-    t0 = time.monotonic()
     codes, res, _ = _run(tmp_path, "nosp", 400, spare=False, fault=True)
     logs = "\n".join((tmp_path / f).read_text()[-1500:] for f in ("nosp-0.log", "nosp-1.log"))
     assert codes == [EXIT_NO_SPARE, EXIT_NO_SPARE], logs
     assert "NO SPARE LEFT" in (tmp_path / "nosp-1.log").read_text()
     assert "NO SPARE LEFT" in (tmp_path / "nosp-0.log").read_text()
-    assert time.monotonic() - t0 < 60
 
 
 def test_a_spare_lost_after_its_assignment_stops_the_job_with_76_never_a_hang(tmp_path):

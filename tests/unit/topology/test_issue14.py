@@ -9,7 +9,6 @@ libibverbs/examples/devinfo.c; nvidia-smi's matrix layout), not copied from the 
 
 from __future__ import annotations
 
-import time
 
 import pytest
 
@@ -173,11 +172,10 @@ _GOOD = {nccl_xml: "<system version='1'><cpu numaid='0'><pci busid='0000:01:00.0
          ibtools: _ibstat("\t", "\t\t")}
 
 
-def _parse_bounded(mod, text: str, limit_s: float = 20.0):
-    t0 = time.monotonic()
+def _parse_bounded(mod, text: str):
+    """Parse hostile input: it must end (pytest-timeout catches a hang, no wall-clock limit here),
+    name its source in every warning and keep the warnings bounded."""
     topo = mod.parse(text, "src")
-    took = time.monotonic() - t0
-    assert took < limit_s, f"{mod.__name__} took {took:.1f} s"
     assert topo.sources == ["src"]
     assert all(w.startswith("src: ") for w in topo.warnings), topo.warnings[:3]
     assert len(topo.warnings) <= _bounds.MAX_WARNINGS + 2
@@ -255,7 +253,7 @@ def test_a_million_bad_lines_keep_a_bounded_number_of_warnings(mod):
 def test_very_wide_matrix_header_is_bounded():
     n = 100_000
     text = "\t" + "\t".join(f"GPU{i}" for i in range(n)) + "\nGPU0\t" + "\t".join(["X"] * n) + "\n"
-    topo = _parse_bounded(nvsmi, text, limit_s=10.0)
+    topo = _parse_bounded(nvsmi, text)
     assert any(f"names {n} columns" in w for w in topo.warnings)
     assert len(topo.gpus) == nvsmi.MAX_COLUMNS
 

@@ -1,4 +1,4 @@
-"""linkpass/core/snapshot.py: one frozen DaemonSnapshot, three renderers (Prometheus families,
+"""linkpass/core/status.py: one frozen DaemonSnapshot, three renderers (Prometheus families,
 systemd STATUS=, the control socket's status JSON) that agree with each other."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from linkpass.adapters.metrics import state_families
 from linkpass.adapters.sdnotify import status_line
 from linkpass.config import parse_config
 from linkpass.core.model import LinkChanged, PublishHistory, RoutesApplied
-from linkpass.core.snapshot import STATUS_SCHEMA, DaemonSnapshot, status_json
+from linkpass.core.status import STATUS_SCHEMA, DaemonSnapshot, status_json
 from linkpass.daemon import Daemon
 
 from unit_helpers import MS, S, carrier_lost, make_toml, snapshot
