@@ -264,6 +264,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     register_config(sub)
 
+    from linkpass.cli.snapshot import register as register_snapshot
+
+    register_snapshot(sub)
+
     d = sub.add_parser("demo", help="fabric + daemons + a gloo training job that keeps training through a rail cut")
     d.add_argument("--hosts", type=int, default=2)
     d.add_argument("--rails", type=int, default=2)
