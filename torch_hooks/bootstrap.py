@@ -19,7 +19,8 @@ unless ``LINKPASS_HOOK=0``, calls :func:`start` before the script's first line r
    ``protected_modules``, ``rebuilds`` (the controller's events), ``groups`` (each wrapper's
    :meth:`~torch_hooks.pg.ResilientProcessGroup.stats`), ``position``, ``unprotected``,
    ``snapshots`` (this rank's snapshots: ``id``, ``step``, ``ok``, ``bytes``, ``stall_ms``,
-   ``write_ms``, ``path``);
+   ``write_ms``, ``path``), ``resume`` (the restore from ``LINKPASS_RESUME``: ``step``,
+   ``restore_ms``, ``match``; else null);
 5. :class:`torch_hooks.snapshot.Snapshotter`: step-aligned snapshots (periodic, on request), and
    with ``LINKPASS_RESUME`` the restore from one before the script's first step.
 
@@ -109,7 +110,7 @@ def _start_snapshots(settings, t, ctl) -> None:
     _state["snapshotter"] = snapshot.Snapshotter(settings, t, snap, client_fn=lambda: ctl.client)
     if snap.resume and os.environ.get("LINKPASS_SPARE") != "1":  # a spare takes the rank's state, not the snapshot's
         try:
-            snapshot.prepare_resume(settings, t, snap.resume, ctl.exit_fn)
+            snapshot.prepare_resume(settings, t, snap.resume, ctl.exit_fn, _state["snapshotter"])
         except snapshot.ResumeRefused as e:
             _say(f"rank {settings.rank}: {e}")
             sys.stderr.flush()
@@ -151,6 +152,7 @@ def report() -> dict:
         "position": t.position(),
         "unprotected": sorted(pg._unprotected_notes) if hasattr(pg, "_unprotected_notes") else [],
         "snapshots": list(_state["snapshotter"].events) if _state.get("snapshotter") is not None else [],
+        "resume": _state["snapshotter"].resume_event if _state.get("snapshotter") is not None else None,
     }
 
 

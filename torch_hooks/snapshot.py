@@ -68,8 +68,11 @@ from torch_hooks import snapdir
 
 log = logging.getLogger("linkpass.torch_hooks.snapshot")
 
-#: how often the snapshot thread looks for a request and for finished parts (s)
-POLL_S = 0.05
+#: how often the snapshot thread looks for a request (s): one store ``check`` per rank each time,
+#: on the store every rank's controller already polls
+POLL_S = 0.2
+#: ... and, while a request is agreed or a part is in flight, for the other ranks' keys (s)
+BUSY_POLL_S = 0.02
 #: exit status of a worker that cannot resume from the snapshot it was given (EX_DATAERR)
 EXIT_RESUME = 65
 DEFAULT_DIR = "linkpass-snapshots"
@@ -114,6 +117,9 @@ class SnapshotSettings:
         self.timeout_s = num("LINKPASS_SNAPSHOT_TIMEOUT_S", "300", float)
         self.use_async = (env.get("LINKPASS_SNAPSHOT_ASYNC") or "1").strip() != "0"
         self.resume = env.get("LINKPASS_RESUME") or None
+        #: record each rank's weights sha256 in its part, and check it after a restore (hashing
+        #: every parameter at the boundary: for demos and tests)
+        self.verify = (env.get("LINKPASS_SNAPSHOT_VERIFY") or "").strip() == "1"
 
 
 def _state_dicts(tracker: Any) -> dict:
@@ -187,6 +193,7 @@ class Snapshotter:
         self._idle.set()
         self._async_ok = snap.use_async
         self.events: list[dict] = []              # this rank's snapshots (for the report)
+        self.resume_event: dict | None = None     # the restore from LINKPASS_RESUME (for the report)
         self._registered = False
         tracker.add_boundary_listener(self.on_boundary)
 
@@ -222,7 +229,12 @@ class Snapshotter:
             snapdir.unregister_job(self.s.job, os.getpid())
 
     def _run(self) -> None:
-        while not self._stop.wait(POLL_S):
+        try:  # here, not at the first snapshot's boundary: the import is most of a first stall
+            import torch.distributed.checkpoint  # noqa: F401
+            import torch.distributed.checkpoint.state_dict  # noqa: F401
+        except ImportError as ex:  # the first snapshot says it
+            log.debug("DCP not imported: %s", ex)
+        while not self._stop.wait(BUSY_POLL_S if (self._req is not None or self._inflight is not None) else POLL_S):
             try:
                 self._poll_request()
                 self._poll_inflight()
@@ -258,9 +270,11 @@ class Snapshotter:
             missing = [r for r, k in enumerate(keys) if not kv.check([k])]
             self._abandon(req, f"ranks {missing} did not answer within {self.snap.timeout_s:.0f} s")
 
-    def _abandon(self, req: dict, why: str) -> None:
+    def _abandon(self, req: dict, why: str, write: bool = True) -> None:
+        """Give request ``req`` up.  ``write``: say so in the store (the snapshot thread only: a
+        store client is not shared between threads)."""
         _say(f"rank {self.s.rank}: snapshot request {req['g']} abandoned: {why}")
-        if self.s.rank == 0:
+        if self.s.rank == 0 and write:
             try:
                 self._kv.set(f"snapshot/g{req['g']}/result", json.dumps({"ok": False, "reason": why}))
             except Exception:  # noqa: BLE001,S110
@@ -354,7 +368,7 @@ class Snapshotter:
             req = self._req
         if req is not None:
             if not self._decided.wait(max(0.0, req["deadline"] - time.monotonic())):
-                self._abandon(req, "the ranks' proposals did not all arrive")
+                self._abandon(req, "the ranks' proposals did not all arrive", write=False)
                 req = None
             with self._lock:
                 req = self._req
@@ -367,7 +381,7 @@ class Snapshotter:
                 self.take(f"g{req['g']}", steps, req.get("to") or self.snap.dir)
                 taken = True
             elif req["step"] < steps:  # cannot happen while ranks stop at their boundary; said if it does
-                self._abandon(req, f"this rank is at step {steps}, past the agreed step {req['step']}")
+                self._abandon(req, f"this rank is at step {steps}, past the agreed step {req['step']}", write=False)
         if not taken and self.snap.every and steps % self.snap.every == 0:
             self.take(f"p{steps}", steps, self.snap.dir)
 
@@ -390,7 +404,8 @@ class Snapshotter:
             rd.mkdir(parents=True, exist_ok=True)
             extra = {"step": step, "rank": self.s.rank, "world_size": self.s.world_size, "position": pos,
                      "position_known": f["position_known"], "rng": self.t.boundary_rng,
-                     "schedulers": [s.state_dict() for s in self.t.schedulers], "ddp_layouts": self.t.ddp_layouts}
+                     "schedulers": [s.state_dict() for s in self.t.schedulers], "ddp_layouts": self.t.ddp_layouts,
+                     "weights_sha256": self.t.weights_sha256() if self.snap.verify else None}
             _real_save(extra, rd / snapdir.EXTRA)
             with self.t.muted():
                 sd = _state_dicts(self.t)
@@ -428,10 +443,13 @@ class ResumeRefused(Exception):
     """The snapshot given to ``--resume`` cannot be used by this worker; one line."""
 
 
-def prepare_resume(settings: Any, tracker: Any, path: str, exit_fn) -> dict:
+def prepare_resume(settings: Any, tracker: Any, path: str, exit_fn, holder: Any = None) -> dict:
     """Check the snapshot for this worker and arrange its restore at the snapshot's batch.
 
-    Returns the manifest.
+    Returns the manifest.  ``holder.resume_event`` (a :class:`Snapshotter`) gets ``{"event":
+    "resume", "path", "step", "restore_ms", "weights_sha256_snapshot", "weights_sha256_restored",
+    "match"}`` once restored (the hashes with ``LINKPASS_SNAPSHOT_VERIFY=1`` at snapshot time,
+    else None; a mismatch stops the worker).
 
     Raises:
         ResumeRefused: an incomplete snapshot, another world size, no data position, or this
@@ -465,8 +483,17 @@ def prepare_resume(settings: Any, tracker: Any, path: str, exit_fn) -> dict:
     state = {"done": False}
 
     def on_live() -> None:
+        t0 = time.monotonic_ns()
         try:
             _restore(tracker, rd, extra)
+            want = extra.get("weights_sha256")
+            got = tracker.weights_sha256() if want else None
+            ev = {"event": "resume", "path": str(snap), "step": step, "restore_ms": round((time.monotonic_ns() - t0) / 1e6, 3),
+                  "weights_sha256_snapshot": want, "weights_sha256_restored": got, "match": None if not want else got == want}
+            if holder is not None:
+                holder.resume_event = ev
+            if want and got != want:
+                raise RuntimeError(f"the restored weights (sha256 {got[:12]}...) are not the snapshot's ({want[:12]}...)")
         except Exception as ex:  # noqa: BLE001 - one exit path, never a traceback into the script
             log.debug("restore failed", exc_info=True)
             exit_fn(EXIT_RESUME, f"rank {settings.rank}: cannot restore from {snap}: "

@@ -31,7 +31,7 @@ def _fail(msg: str, code: int = 1) -> int:
 
 def _store(addr: str, job: str, timeout_s: float):
     # torch's C++ store client logs a lost connection with a stack trace; this command says it in one line
-    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
     import torch.distributed as dist
 
     host, _, port = addr.rpartition(":")
