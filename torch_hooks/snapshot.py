@@ -360,6 +360,7 @@ class Snapshotter:
 
     def on_boundary(self, steps: int) -> None:
         """At every step boundary (training thread): take the snapshot due here, if any."""
+        t0 = time.monotonic_ns()  # the stall counts the wait for the other ranks' proposals too
         if self._thread is None and not self.start():
             if self.snap.every and steps == self.snap.every:
                 _say("snapshots need the job's store (MASTER_ADDR/MASTER_PORT); none taken")
@@ -378,17 +379,18 @@ class Snapshotter:
                 with self._lock:
                     self._req = None
                     self._next_g = req["g"] + 1
-                self.take(f"g{req['g']}", steps, req.get("to") or self.snap.dir)
+                self.take(f"g{req['g']}", steps, req.get("to") or self.snap.dir, t0)
                 taken = True
             elif req["step"] < steps:  # cannot happen while ranks stop at their boundary; said if it does
                 self._abandon(req, f"this rank is at step {steps}, past the agreed step {req['step']}", write=False)
         if not taken and self.snap.every and steps % self.snap.every == 0:
-            self.take(f"p{steps}", steps, self.snap.dir)
+            self.take(f"p{steps}", steps, self.snap.dir, t0)
 
-    def take(self, sid: str, step: int, root: str) -> None:
+    def take(self, sid: str, step: int, root: str, t0: int | None = None) -> None:
         """Save this rank's part of snapshot ``sid`` after ``step`` into ``root`` (training thread,
-        at the boundary).  Never raises: a failure becomes the part's error."""
-        t0 = time.monotonic_ns()
+        at the boundary; ``t0``: when the boundary was reached, for the stall).  Never raises: a
+        failure becomes the part's error."""
+        t0 = time.monotonic_ns() if t0 is None else t0
         if not self._idle.wait(self.snap.timeout_s):
             _say(f"rank {self.s.rank}: snapshot at step {step} skipped: the previous one is still being written")
             return

@@ -175,7 +175,7 @@ def _ranks(store, steps: list[int], **snap_env):
         sn = snapshot.Snapshotter(st, FakeTracker(s), snapshot.SnapshotSettings(snap_env))
         sn._kv, sn._thread = store, object()  # driven by hand: no thread, no TCPStore
         sn.taken = []
-        sn.take = lambda sid, step, root, sn=sn: sn.taken.append((sid, step, root))
+        sn.take = lambda sid, step, root, t0=None, sn=sn: sn.taken.append((sid, step, root))
         out.append(sn)
     return out
 
