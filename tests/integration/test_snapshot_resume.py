@@ -84,6 +84,11 @@ def test_a_snapshot_requested_mid_run_resumes_a_fresh_run_to_the_uninterrupted_w
     args = ["--epochs", "4", "--samples", "32768", "--batch-size", "32"]  # 2048 steps: the request lands mid-run
     a = Job(tmp_path, "a", DDP, args)
     wait_until(lambda: a.steps() >= 5 or a.p.poll() is not None, 120, "the job's first steps")
+    # a directory the ranks cannot write: the snapshot fails in one line, nothing is kept, the job trains on
+    bad = subprocess.run(LINKPASS + ["snapshot", "--job", "a", "--to", "/proc/linkpass-cannot-write", "--wait",
+                                     "--timeout", "120"], capture_output=True, text=True, timeout=180, env=a.env)
+    assert bad.returncode == 1 and bad.stderr.count("\n") == 1 and "Traceback" not in bad.stderr, bad.stderr
+    assert "snapshot 1 failed, nothing kept: rank 0:" in bad.stderr, bad.stderr
     snaps = tmp_path / "snaps"
     q = subprocess.run(LINKPASS + ["snapshot", "--job", "a", "--to", str(snaps), "--wait", "--json", "--timeout", "120"],
                        capture_output=True, text=True, timeout=180, env=a.env)
@@ -97,7 +102,7 @@ def test_a_snapshot_requested_mid_run_resumes_a_fresh_run_to_the_uninterrupted_w
     assert m["world_size"] == 2 and m["step"] == res["step"] and m["position_known"]
     assert not [c for c in snaps.iterdir() if ".tmp-" in c.name]
     events = a.reports()[1]["snapshots"]
-    assert [(e["step"], e["ok"]) for e in events] == [(res["step"], True)]
+    assert [e["ok"] for e in events] == [False, True] and events[1]["step"] == res["step"]
 
     b = Job(tmp_path, "b", DDP, args, exec_args=["--resume", str(path)])
     assert b.wait() == 0, b.text()[-3000:]
