@@ -486,6 +486,11 @@ def prepare_resume(settings: Any, tracker: Any, path: str, exit_fn, holder: Any 
 
     def on_live() -> None:
         t0 = time.monotonic_ns()
+        if pos.get("epoch") is not None and tracker.epoch is not None and tracker.epoch != pos["epoch"]:
+            # e.g. the script loaded a checkpoint of its own and starts at a later epoch
+            exit_fn(EXIT_RESUME, f"rank {settings.rank}: the script reached epoch {tracker.epoch} before the snapshot's "
+                    f"epoch {pos['epoch']} (did it resume from a checkpoint of its own?); not resuming on other data")
+            return
         try:
             _restore(tracker, rd, extra)
             want = extra.get("weights_sha256")

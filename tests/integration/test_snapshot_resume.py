@@ -38,9 +38,11 @@ class Job:
     working directory, with its own job registry."""
 
     def __init__(self, tmp: Path, tag: str, script: Path, args: list[str], exec_args: list[str] = (), nproc: int = 2,
-                 env: dict | None = None):
+                 env: dict | None = None, files: dict[str, bytes] | None = None):
         self.dir = tmp / tag
         self.dir.mkdir()
+        for name, data in (files or {}).items():
+            (self.dir / name).write_bytes(data)
         self.tag = tag
         self.log = self.dir / "log"
         self.env = dict(os.environ, LINKPASS_JOB=tag, LINKPASS_REPORT=str(self.dir / "r{rank}.json"),
@@ -176,6 +178,19 @@ def test_resume_with_another_world_size_is_refused_in_one_line(tmp_path):
     lines = [ln for ln in b.text().splitlines() if "world size" in ln]
     assert lines and "the snapshot is of world size 2, this job has world size 1" in lines[0], b.text()[-2000:]
     assert not (b.dir / "r0.json").exists() or json.loads((b.dir / "r0.json").read_text())["steps"] == 0
+
+
+def test_a_script_that_resumes_itself_past_the_snapshot_is_refused(tmp_path):
+    """examples/ddp_train.py loads its own snapshot.pt (epochs done) when it finds one: a run given
+    that file and --resume of an earlier hook snapshot would train the snapshot's state on other data."""
+    args = ["--epochs", "2", "--samples", "2048", "--snapshot", "snapshot.pt"]  # 32 steps per epoch
+    a = Job(tmp_path, "a", DDP, args, exec_args=["--snapshot-every", "40", "--snapshot-keep", "1"])
+    assert a.wait() == 0, a.text()[-3000:]
+    snap = a.dir / "linkpass-snapshots" / snapdir.step_name(40)  # epoch 1
+    b = Job(tmp_path, "b", DDP, ["--epochs", "3"] + args[2:], exec_args=["--resume", str(snap)],
+            files={"snapshot.pt": (a.dir / "snapshot.pt").read_bytes()})  # the script's own: 2 epochs done
+    assert b.wait() != 0
+    assert "the script reached epoch 2 before the snapshot's epoch 1" in b.text(), b.text()[-2000:]
 
 
 def test_a_snapshot_request_for_an_unknown_job_is_one_line(tmp_path):
