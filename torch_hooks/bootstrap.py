@@ -17,7 +17,12 @@ unless ``LINKPASS_HOOK=0``, calls :func:`start` before the script's first line r
 4. with ``LINKPASS_REPORT=FILE`` (``{rank}`` is replaced), a JSON report is written at exit:
    ``rank``, ``host``, ``steps``, ``step_ms``, ``max_step_stall_ms``, ``weights_sha256``,
    ``protected_modules``, ``rebuilds`` (the controller's events), ``groups`` (each wrapper's
-   :meth:`~torch_hooks.pg.ResilientProcessGroup.stats`), ``position``, ``unprotected``.
+   :meth:`~torch_hooks.pg.ResilientProcessGroup.stats`), ``position``, ``unprotected``,
+   ``snapshots`` (this rank's snapshots: ``id``, ``step``, ``ok``, ``bytes``, ``stall_ms``,
+   ``write_ms``, ``path``), ``resume`` (the restore from ``LINKPASS_RESUME``: ``step``,
+   ``restore_ms``, ``match``; else null);
+5. :class:`torch_hooks.snapshot.Snapshotter`: step-aligned snapshots (periodic, on request), and
+   with ``LINKPASS_RESUME`` the restore from one before the script's first step.
 
 Nothing here may break the script: a failure to start is one line on stderr and the script runs
 as it would without linkpass.
@@ -71,6 +76,8 @@ def start() -> bool:
     atexit.register(_at_exit)
     from torch_hooks import handover
 
+    _start_snapshots(settings, t, ctl)
+
     if os.environ.get("LINKPASS_SPARE") == "1":
         handover.run_spare(settings, t, ctl)  # returns once this process has a rank to take
     else:
@@ -86,6 +93,28 @@ def start() -> bool:
                 ctl.spares = handover.spawn_spares(n)
     log.info("linkpass hook installed in rank %s (job %s, rails %s)", settings.rank, settings.job, settings.rails or "unknown")
     return True
+
+
+def _start_snapshots(settings, t, ctl) -> None:
+    """Step-aligned snapshots (:mod:`torch_hooks.snapshot`) and, with ``LINKPASS_RESUME``, the
+    restore from one.  A worker that cannot resume from the snapshot it was given stops (one
+    line, exit :data:`torch_hooks.snapshot.EXIT_RESUME`): it must not train from the start as if
+    it had resumed."""
+    from torch_hooks import snapshot
+
+    try:
+        snap = snapshot.SnapshotSettings()
+    except ValueError as e:
+        _say(f"snapshots off: {e}")
+        return
+    _state["snapshotter"] = snapshot.Snapshotter(settings, t, snap, client_fn=lambda: ctl.client)
+    if snap.resume and os.environ.get("LINKPASS_SPARE") != "1":  # a spare takes the rank's state, not the snapshot's
+        try:
+            snapshot.prepare_resume(settings, t, snap.resume, ctl.exit_fn, _state["snapshotter"])
+        except snapshot.ResumeRefused as e:
+            _say(f"rank {settings.rank}: {e}")
+            sys.stderr.flush()
+            os._exit(snapshot.EXIT_RESUME)
 
 
 def _first_step_checks(steps: int) -> None:
@@ -122,10 +151,15 @@ def report() -> dict:
         "groups": [g.stats() for g in ctl.groups],
         "position": t.position(),
         "unprotected": sorted(pg._unprotected_notes) if hasattr(pg, "_unprotected_notes") else [],
+        "snapshots": list(_state["snapshotter"].events) if _state.get("snapshotter") is not None else [],
+        "resume": _state["snapshotter"].resume_event if _state.get("snapshotter") is not None else None,
     }
 
 
 def _at_exit() -> None:
+    sn = _state.get("snapshotter")
+    if sn is not None:
+        sn.close()  # the part in flight is written (and, on rank 0, the snapshot completed) first
     write_report()
     ctl = _state.get("controller")
     if ctl is not None:

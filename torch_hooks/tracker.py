@@ -27,6 +27,7 @@ nanoseconds; ``step_ms`` are milliseconds between consecutive optimizer steps.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
@@ -62,6 +63,8 @@ class Tracker:
         self._primary: int | None = None      # id() of the optimizer whose steps are counted
         self._step_listeners: list[Callable[[int], None]] = []
         self._batch_listeners: list[Callable[[Any, int], Any]] = []
+        self._boundary_listeners: list[Callable[[int], None]] = []
+        self._muted = 0                           # > 0: optimizer steps are not the script's (a restore)
         self._lock = threading.Lock()
         prog = os.environ.get("LINKPASS_PROGRESS") or None
         self._progress = prog.replace("{rank}", os.environ.get("RANK", "0")) if prog else None
@@ -91,6 +94,21 @@ class Tracker:
     def add_step_listener(self, fn: Callable[[int], None]) -> None:
         """``fn(steps)`` after every counted optimizer step (on the training thread)."""
         self._step_listeners.append(fn)
+
+    def add_boundary_listener(self, fn: Callable[[int], None]) -> None:
+        """``fn(steps)`` at every step boundary (training thread), once the optimizer may step
+        again: the position, the RNG states and the state are those after ``steps`` steps."""
+        self._boundary_listeners.append(fn)
+
+    @contextlib.contextmanager
+    def muted(self):
+        """Optimizer steps inside are not counted and mark no boundary (DCP's
+        ``get_optimizer_state_dict`` steps a fresh optimizer once, with zero gradients)."""
+        self._muted += 1
+        try:
+            yield
+        finally:
+            self._muted -= 1
 
     def add_batch_listener(self, fn: Callable[[Any, int], Any]) -> None:
         """``fn(batch, index)`` for every batch a tracked DataLoader iterator yields, before the
@@ -127,6 +145,8 @@ class Tracker:
     # between.  Without a tracked DataLoader the boundary is the optimizer step itself.
 
     def on_step_start(self, opt: Any) -> None:
+        if self._muted:
+            return
         if (self._primary is None or id(opt) == self._primary) and not self._lock_held:
             # taken before the lock: a controller holding it (a device hand-over) keeps this
             # rank here, and a replica that finished this step resumes the spare from this state
@@ -135,6 +155,8 @@ class Tracker:
             self._lock_held = True
 
     def on_step(self, opt: Any) -> None:
+        if self._muted:
+            return
         counted = False
         try:
             counted = self._on_step(opt)
@@ -159,6 +181,11 @@ class Tracker:
         if self._lock_held:
             self._lock_held = False
             self.step_lock.release()
+        for fn in self._boundary_listeners:
+            try:
+                fn(steps)
+            except Exception:  # noqa: BLE001 - a listener never breaks training
+                log.exception("boundary listener failed")
 
     def _on_step(self, opt: Any) -> bool:
         with self._lock:

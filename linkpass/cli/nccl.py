@@ -293,6 +293,14 @@ def cmd_exec(args) -> int:
             new["LINKPASS_SPARES"] = str(args.spares)
         if args.latched:
             new["LINKPASS_LATCHED"] = "1"
+        try:
+            new.update(snapshot_env(args, getattr(env, "config", None), os.environ))
+        except _BadInput as e:
+            print(f"{prog}: {e}", file=sys.stderr)
+            return 2
+    elif getattr(args, "resume", None):
+        print(f"{prog}: --resume needs the hook, and LINKPASS_HOOK=0 turns it off", file=sys.stderr)
+        return 2
     sys.stdout.flush()
     sys.stderr.flush()
     try:
@@ -304,6 +312,34 @@ def cmd_exec(args) -> int:
     except OSError as e:
         print(f"{prog}: {cmd[0]}: cannot run it: {e.strerror or e}", file=sys.stderr)
     return 2
+
+
+def snapshot_env(args, cfg, environ) -> dict[str, str]:
+    """The hook's snapshot variables (torch_hooks/snapshot.py): ``--snapshot-*`` flags, else the
+    environment's own, else the config's ``[snapshot]``; ``LINKPASS_RESUME`` from ``--resume``
+    (checked here: a complete snapshot; the newest complete one of a snapshots directory).
+
+    Raises:
+        _BadInput: ``--resume`` on a missing or partial snapshot (one line).
+    """
+    from torch_hooks import snapdir
+
+    out: dict[str, str] = {}
+    sec = getattr(cfg, "snapshot", None)
+    for var, flag, opt in (("LINKPASS_SNAPSHOT_EVERY", "snapshot_every", "every_steps"),
+                           ("LINKPASS_SNAPSHOT_DIR", "snapshot_dir", "dir"),
+                           ("LINKPASS_SNAPSHOT_KEEP", "snapshot_keep", "keep")):
+        v = getattr(args, flag, None)
+        if v is None and not environ.get(var) and sec is not None and getattr(sec, opt) not in ("", None):
+            v = getattr(sec, opt)
+        if v is not None:
+            out[var] = os.path.abspath(v) if var == "LINKPASS_SNAPSHOT_DIR" else str(v)
+    if getattr(args, "resume", None):
+        try:
+            out["LINKPASS_RESUME"] = str(snapdir.resolve(args.resume).resolve())
+        except snapdir.SnapshotError as e:
+            raise _BadInput(f"--resume {e}") from None
+    return out
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -343,6 +379,12 @@ def register(subparsers) -> None:
                    "over a rank whose GPU failed or whose rail its latched NCCL cannot leave")
     e.add_argument("--latched", action="store_true",
                    help="gloo behaves as NCCL does: no in-process rail change, a spare takes the rank (for tests and demos)")
+    e.add_argument("--resume", metavar="DIR", help="every rank restores from this snapshot (or the newest complete one "
+                   "in this snapshots directory) before the script's first step, and the script runs on from there")
+    e.add_argument("--snapshot-every", type=_nonneg, metavar="N", help="a snapshot after every N optimizer steps "
+                   "(default: [snapshot] every_steps; 0: only on request)")
+    e.add_argument("--snapshot-dir", metavar="DIR", help="where snapshots go (default: [snapshot] dir)")
+    e.add_argument("--snapshot-keep", type=_nonneg, metavar="N", help="complete snapshots kept (default: [snapshot] keep)")
     _common(e)
     e.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ARGS", help="the command and its arguments")
     e.set_defaults(func=cmd_exec, gpu=None)

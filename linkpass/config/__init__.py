@@ -76,6 +76,7 @@ from linkpass.config.schema import (
     PeerSection,
     ProbeSection,
     RailSection,
+    SnapshotSection,
     TopologySection,
 )
 from linkpass.config.values import huge_number_text
@@ -86,6 +87,7 @@ __all__ = [
     "DEFAULT_CONTROL_SOCKET", "DEFAULT_METRICS_PORT", "DEFAULT_MQTT_PREFIX", "DEFAULT_NCCL_ENV_FILE",
     "DEFAULT_NOTICE_PORT", "DEFAULT_OUTBOX_PATH", "DEFAULT_ROUTE_PROTOCOL", "HOST_NAME", "IN_EXAMPLE", "Config",
     "DaemonSection", "DampingSection", "DeviceSection", "FiniteFloat", "HooksSection", "IPv4", "MetricsSection",
-    "MqttSection", "NcclSection", "PathText", "PeerSection", "ProbeSection", "RailSection", "TopologySection",
+    "MqttSection", "NcclSection", "PathText", "PeerSection", "ProbeSection", "RailSection", "SnapshotSection",
+    "TopologySection",
     "huge_number_text", "_SECRET_NAME", "_options_at",
 ]

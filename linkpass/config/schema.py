@@ -242,6 +242,18 @@ class HooksSection(_Strict):
     max_clients: StrictInt = Field(1024, ge=1, le=65536, description="Connections beyond this are refused.")
 
 
+class SnapshotSection(_Strict):
+    """The ``[snapshot]`` table: step-aligned snapshots the torch hook takes of a job started with
+    ``linkpass exec --config`` (``torch_hooks/snapshot.py``).  The daemon does not read it:
+    ``linkpass exec`` passes it to the hook as ``LINKPASS_SNAPSHOT_EVERY``/``_DIR``/``_KEEP``."""
+
+    every_steps: StrictInt = Field(0, ge=0, description="A snapshot after every this many optimizer steps (0: only "
+                                   "on request, `linkpass snapshot --job JOB`).")
+    dir: str = Field("", description="Where snapshots go; a directory every host of the job sees (a shared file "
+                     "system). Empty: linkpass-snapshots in each worker's working directory.")
+    keep: StrictInt = Field(3, ge=0, description="Complete snapshots kept in dir (the newest; 0: all).")
+
+
 #: domain:bus:device.function as lspci -D and NVML print it (domain 4 to 8 hex digits).
 _PCI_BUS_ID = re.compile(r"[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]")
 
@@ -377,6 +389,8 @@ class Config(_Strict):
     probe: ProbeSection = Field(default_factory=ProbeSection, description="Active per-rail probing for gray failures.")
     damping: DampingSection = Field(default_factory=DampingSection, description="Flap damping per rail.")
     hooks: HooksSection = Field(default_factory=HooksSection, description="The unix socket torch hooks connect to.")
+    snapshot: SnapshotSection = Field(default_factory=SnapshotSection, description="Step-aligned snapshots the torch "
+                                      "hook takes (read by linkpass exec, not by the daemon).")
     nccl: NcclSection = Field(default_factory=NcclSection, description="The NCCL environment file for training processes.")
     device: DeviceSection = Field(default_factory=DeviceSection, description="Live device evidence: kernel log, NVML Xid "
                                   "events, RDMA port events.")

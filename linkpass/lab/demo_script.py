@@ -1,4 +1,4 @@
-"""``linkpass demo --script FILE --scenario rail|rail-latched|device-fault``: an unmodified script
+"""``linkpass demo --script FILE --scenario rail|rail-latched|device-fault|snapshot``: an unmodified script
 under ``linkpass exec`` + torchrun on the emulated fabric.
 
 One torchrun agent per host (``--nnodes H --node-rank i --nproc-per-node 1``), each started as
@@ -17,7 +17,17 @@ writes is its own per run): once fault-free (the reference), then with the fault
 * ``rail-latched``: the same cut with the gloo wrapper latched as NCCL is (``linkpass exec
   --latched``): the cut rank hands over to its warm spare, the others rebuild in-process;
 * ``device-fault``: Xid 79 on the last host's GPU 0 (``linkpass inject``): the rank moves to a
-  warm spare with state from a healthy replica.
+  warm spare with state from a healthy replica;
+* ``snapshot``: no fault; at about 30 % of the run ``linkpass snapshot --job ... --wait`` (in host
+  0's namespace, where the job's store is) takes a snapshot of the running job; then a third,
+  fresh run starts with ``linkpass exec --resume`` from it.  The JSON adds ``snapshot_consistent``
+  (the snapshot is complete, every rank's part is there and of the same step),
+  ``restored_weights_match`` (every rank's weights right after the restore are bitwise the ones it
+  saved: ``LINKPASS_SNAPSHOT_VERIFY=1``), ``snapshot_stall_ms`` (the longest training stall a
+  rank had for it), ``snapshot_bytes``, ``snapshot_step``, ``snapshotted_run_matches_reference``
+  (the snapshot did not change training); ``weights_match_reference`` compares the resumed run's
+  final weights, ``recovery_ms`` is the slowest rank's restore (DCP load) and ``steps_lost`` the
+  reference's steps minus the fewest a resumed rank ended at.
 
 Report (JSON with ``--json``): ``scenario``, ``steps`` (optimizer steps of the reference run),
 ``steps_lost`` (reference steps minus the fewest any rank of the faulted run finished),
@@ -42,7 +52,7 @@ from pathlib import Path
 from linkpass.lab import fabric as fab
 from linkpass.lab.demo import DemoError, RebuildDemo
 
-SCENARIOS = ("rail", "rail-latched", "device-fault")
+SCENARIOS = ("rail", "rail-latched", "device-fault", "snapshot")
 DEFAULT_SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "ddp_train.py"
 #: the default script's arguments: about 800 steps of a few ms each per rank
 DEFAULT_SCRIPT_ARGS = "--epochs 3 --samples 16384 --batch-size 32 --snapshot snapshot.pt"
@@ -75,7 +85,7 @@ class ScriptDemo(RebuildDemo):
         super().__init__(hosts, rails, 50, name, mode, log=log)
         self.script = str(p.resolve())
         self.scenario = scenario
-        self.spares = spares if scenario != "rail" else 0
+        self.spares = spares if scenario not in ("rail", "snapshot") else 0
         if fault_host == "all":
             if scenario == "device-fault":
                 raise DemoError("--fault-host all: only for the rail scenarios (rail, rail-latched)", 2)
@@ -86,12 +96,12 @@ class ScriptDemo(RebuildDemo):
                 raise DemoError(f"--fault-host must be 0..{hosts - 1} or all", 2)
             self.fault_hosts = [h]
         self.fault_host = self.fault_hosts[-1]  # the host whose progress times the fault
-        if scenario != "rail" and spares < 1:
+        if scenario not in ("rail", "snapshot") and spares < 1:
             raise DemoError(f"--scenario {scenario} needs --spares 1 or more", 2)
 
     # ------------------------------------------------------------- jobs
 
-    def _launch(self, tag: str, port: int, spares: int = 0, latched: bool = False) -> None:
+    def _launch(self, tag: str, port: int, spares: int = 0, latched: bool = False, exec_args: tuple = ()) -> None:
         import torch_hooks
 
         self.jobs = []
@@ -110,13 +120,15 @@ class ScriptDemo(RebuildDemo):
                 cmd += ["--spares", str(spares)]
             if latched:
                 cmd += ["--latched"]
+            cmd += list(exec_args)
             cmd += ["--", sys.executable, "-m", "torch.distributed.run", "--nnodes", str(self.hosts), "--node-rank", str(i),
                     "--nproc-per-node", "1", "--master-addr", store_addr, "--master-port", str(port),
                     "--max-restarts", "0", "--monitor-interval", "0.1", self.script] + self.script_args
             env = dict(os.environ, LINKPASS_JOB=f"demo-{tag}", LINKPASS_REPORT=str(self.workdir / f"{tag}-rank{{rank}}.json"),
                        LINKPASS_PROGRESS=str(self.workdir / f"{tag}-rank{{rank}}.progress"),
                        PYTHONPATH=os.pathsep.join([root] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])),
-                       OMP_NUM_THREADS="1", LINKPASS_REBUILD_TIMEOUT_S="60", LINKPASS_HOST=h["name"])
+                       OMP_NUM_THREADS="1", LINKPASS_REBUILD_TIMEOUT_S="60", LINKPASS_HOST=h["name"],
+                       LINKPASS_JOBS_DIR=str(self.workdir / "jobs"), LINKPASS_SNAPSHOT_VERIFY="1")
             env.pop("GLOO_SOCKET_IFNAME", None)
             logf = open(self.workdir / f"{tag}-host{i}.log", "w")
             self.jobs.append(subprocess.Popen(fab.netns_exec(self.name, i) + cmd, stdout=logf, stderr=subprocess.STDOUT,
@@ -177,6 +189,8 @@ class ScriptDemo(RebuildDemo):
         if steps < 10:
             raise DemoError(f"the script made only {steps} optimizer steps: too few to cut mid-run (give it more work "
                             "with --script-args)", 2)
+        if self.scenario == "snapshot":
+            return self._run_snapshot(ref, steps)
         fault_host = self.fault_host
         latched = self.scenario == "rail-latched"
         self.log(f"faulted run: scenario {self.scenario}" + (f", {self.spares} warm spare(s) per worker" if self.spares else ""))
@@ -208,6 +222,49 @@ class ScriptDemo(RebuildDemo):
             for h in self.fault_hosts:
                 fab.heal(self.name, h, self.PG_RAIL)
         return self._summary(ref, res, steps, fault, t_fault)
+
+    def _run_snapshot(self, ref: list[dict], steps: int) -> dict:
+        from torch_hooks import snapdir
+
+        self.log("snapshotted run: the same script; a snapshot at about 30 % of it (linkpass snapshot --wait)")
+        self._launch("snapshotted", 29501)
+        self._wait_progress("snapshotted", 0, max(3, steps * 3 // 10), timeout=240)
+        snaps = self.workdir / "snapshots"
+        cmd = fab.netns_exec(self.name, 0) + [sys.executable, "-m", "linkpass.cli", "snapshot", "--job", "demo-snapshotted",
+                                              "--to", str(snaps), "--wait", "--json", "--timeout", "240"]
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
+                           env=dict(os.environ, LINKPASS_JOBS_DIR=str(self.workdir / "jobs")))
+        if p.returncode != 0:
+            raise DemoError(f"linkpass snapshot failed: {p.stderr.strip()[-400:]}; logs in {self.workdir}")
+        taken = json.loads(p.stdout)
+        snapped = self._wait_all("snapshotted")
+        self.log(f"snapshot after step {taken['step']}: {taken['path']} ({taken['bytes']} bytes, stall {taken['stall_ms']} ms)")
+        try:
+            manifest = snapdir.read_manifest(taken["path"])
+            consistent = (manifest["step"] == taken["step"] and manifest["world_size"] == len(snapped)
+                          and all(part.get("ok") for part in manifest["ranks"].values())
+                          and all([(e["step"], e["ok"]) for e in r.get("snapshots", [])] == [(taken["step"], True)]
+                                  for r in snapped))
+        except snapdir.SnapshotError as e:
+            self.log(f"the snapshot is not usable: {e}")
+            consistent = False
+        self.log(f"resumed run: a fresh job, linkpass exec --resume {taken['path']}")
+        self._launch("resumed", 29502, exec_args=("--resume", taken["path"]))
+        res = self._wait_all("resumed")
+        out = self._summary(ref, res, steps, {"kind": "snapshot", "step": taken["step"], "path": taken["path"]}, 0)
+        by_rank = {r["rank"]: r for r in ref}
+        resumes = [r.get("resume") or {} for r in res]
+        out.update(
+            snapshot_step=taken["step"], snapshot_path=taken["path"], snapshot_bytes=taken["bytes"],
+            snapshot_stall_ms=taken["stall_ms"], snapshot_write_ms=taken["write_ms"], snapshot_consistent=consistent,
+            restored_weights_match=all(e.get("match") is True for e in resumes),
+            recovery_ms=max((e.get("restore_ms") or 0.0) for e in resumes) if all(resumes) else None,
+            snapshotted_run_matches_reference=all(r["weights_sha256"] == by_rank.get(r["rank"], {}).get("weights_sha256")
+                                                  for r in snapped),
+            max_step_stall_ms=max((r["max_step_stall_ms"] or 0.0) for r in snapped))
+        for r in res:
+            out["per_rank"][str(r["rank"])]["resume"] = r.get("resume")
+        return out
 
     def _summary(self, ref: list[dict], res: list[dict], steps: int, fault: dict, t_fault: int) -> dict:
         by_rank = {r["rank"]: r for r in ref}
@@ -267,7 +324,9 @@ def print_summary(r: dict) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    ok = r["steps_lost"] == 0 and r["weights_match_reference"]
+    snap = r["scenario"] == "snapshot"
+    ok = r["steps_lost"] == 0 and r["weights_match_reference"] and (not snap or (r["snapshot_consistent"]
+                                                                               and r["restored_weights_match"]))
     t = Table(title=f"linkpass demo --scenario {r['scenario']}: {Path(r['script']).name}, unmodified", show_header=False)
     why = []
     if r["steps_lost"]:
@@ -275,12 +334,22 @@ def print_summary(r: dict) -> None:
     bad = [k for k, v in r.get("per_rank", {}).items() if v.get("weights_sha256") != v.get("reference_sha256")]
     if bad:
         why.append(f"weights differ from the fault-free run on rank(s) {', '.join(bad)}")
-    t.add_row("result", "[green]the script trained through the fault; weights identical to the fault-free run[/]" if ok
-              else f"[red]the job was disturbed: {'; '.join(why) or 'see the table'}[/]")
+    if snap:
+        if not r["snapshot_consistent"]:
+            why.append("the snapshot is not consistent")
+        if not r["restored_weights_match"]:
+            why.append("the restored weights are not the snapshot's")
+    good = ("the snapshot restored bitwise in a fresh run, which ended with the uninterrupted run's weights" if snap else
+            "the script trained through the fault; weights identical to the fault-free run")
+    t.add_row("result", f"[green]{good}[/]" if ok else f"[red]the job was disturbed: {'; '.join(why) or 'see the table'}[/]")
+    if snap:
+        t.add_row("snapshot", f"after step {r['snapshot_step']}: {r['snapshot_bytes']} bytes, training stalled "
+                  f"{r['snapshot_stall_ms']} ms, written in {r['snapshot_write_ms']} ms; consistent {r['snapshot_consistent']}")
+        t.add_row("restored weights match the snapshot", str(r["restored_weights_match"]))
     t.add_row("fault", json.dumps(r["fault"]))
     t.add_row("steps / lost", f"{r['steps']} / {r['steps_lost']}")
     t.add_row("weights match reference", str(r["weights_match_reference"]))
-    t.add_row("recovery (fault -> training resumed)", f"{r['recovery_ms']} ms")
+    t.add_row("restore (DCP load, slowest rank)" if snap else "recovery (fault -> training resumed)", f"{r['recovery_ms']} ms")
     t.add_row("longest step (stall)", f"{r['max_step_stall_ms']} ms (median {r['median_step_ms']} ms)")
     t.add_row("protected modules", ", ".join(f"{m['kind']}:{m['class']} ({m['numel']} params)" for m in r["protected_modules"]))
     t.add_row("script sha256", r["script_sha256"][:16] + "...")

@@ -1,0 +1,226 @@
+"""Snapshots without torch or a job: the directory rules (torch_hooks/snapdir.py: complete only with
+the marker, partial ones removed, the newest kept), the job registry, the settings, exec's
+variables, and the agreement on the step (torch_hooks/snapshot.py) with a store in a dict."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from torch_hooks import snapdir, snapshot
+
+
+def _part(tmp: Path, world: int = 2) -> None:
+    for r in range(world):
+        d = snapdir.rank_dir(tmp, r)
+        d.mkdir(parents=True)
+        (d / ".metadata").write_bytes(b"m")
+        (d / snapdir.EXTRA).write_bytes(b"x")
+
+
+def _complete(root: Path, step: int, world: int = 2) -> Path:
+    tmp = snapdir.tmp_path(root, step, f"p{step}")
+    _part(tmp, world)
+    final = snapdir.final_path(root, step)
+    snapdir.finalize(tmp, final, {"step": step, "world_size": world, "position_known": True})
+    return final
+
+
+def test_a_finalized_snapshot_is_complete_and_its_tmp_dir_is_gone(tmp_path):
+    final = _complete(tmp_path, 40)
+    assert final.name == "step-000000040" and (final / snapdir.MARKER).is_file()
+    assert snapdir.read_manifest(final)["step"] == 40
+    assert [c.name for c in tmp_path.iterdir()] == [final.name]
+    assert snapdir.resolve(tmp_path) == final and snapdir.resolve(final) == final
+
+
+@pytest.mark.parametrize("damage,match", [
+    (lambda f: (f / snapdir.MARKER).unlink(), "no COMPLETE marker"),
+    (lambda f: (f / snapdir.MANIFEST).write_text("{"), "cannot be read"),
+    (lambda f: (f / snapdir.MANIFEST).write_text(json.dumps({"format": 99})), "not a linkpass snapshot manifest"),
+    (lambda f: (snapdir.rank_dir(f, 1) / ".metadata").unlink(), "rank 1's part is missing"),
+], ids=["no-marker", "bad-manifest", "other-format", "rank-part-missing"])
+def test_a_damaged_snapshot_is_refused_in_one_line_naming_it(tmp_path, damage, match):
+    final = _complete(tmp_path, 10)
+    damage(final)
+    with pytest.raises(snapdir.SnapshotError, match=match) as ei:
+        snapdir.read_manifest(final)
+    assert str(final) in str(ei.value) and "\n" not in str(ei.value)
+
+
+def test_a_tmp_dir_is_never_a_snapshot_nor_the_newest_of_a_directory(tmp_path):
+    old = _complete(tmp_path, 10)
+    tmp = snapdir.tmp_path(tmp_path, 20, "g1")
+    _part(tmp)
+    assert snapdir.resolve(tmp_path) == old
+    with pytest.raises(snapdir.SnapshotError, match="still being written or cut off"):
+        snapdir.resolve(tmp)
+    empty = tmp_path / "other"
+    empty.mkdir()
+    with pytest.raises(snapdir.SnapshotError, match="no complete snapshot"):
+        snapdir.resolve(empty)
+    with pytest.raises(snapdir.SnapshotError, match="no such snapshot directory"):
+        snapdir.resolve(tmp_path / "missing")
+
+
+def test_cleanup_removes_partial_ones_up_to_the_step_and_keeps_the_newest(tmp_path):
+    for s in (10, 20, 30):
+        _complete(tmp_path, s)
+    _part(snapdir.tmp_path(tmp_path, 25, "p25"))       # a rank died writing it
+    _part(snapdir.tmp_path(tmp_path, 40, "p40"))       # later: ranks may be writing it now
+    cut = snapdir.final_path(tmp_path, 15)             # renamed, marker never written
+    _part(cut)
+    removed = snapdir.cleanup(tmp_path, 30, keep=2)
+    assert sorted(removed) == sorted(["step-000000025.tmp-p25", "step-000000015", "step-000000010"])
+    assert sorted(c.name for c in tmp_path.iterdir()) == ["step-000000020", "step-000000030", "step-000000040.tmp-p40"]
+    assert snapdir.cleanup(tmp_path, 30, keep=0) == []
+
+
+def test_the_job_registry_finds_a_running_job_and_says_which_are_known(tmp_path, monkeypatch):
+    monkeypatch.setenv("LINKPASS_JOBS_DIR", str(tmp_path / "jobs"))
+    with pytest.raises(snapdir.SnapshotError, match="no protected job 'j1' on this host .*none"):
+        snapdir.lookup_job("j1")
+    snapdir.register_job({"job": "j1", "store": "10.0.0.1:29500", "pid": os.getpid()})
+    assert snapdir.lookup_job("j1")["store"] == "10.0.0.1:29500"
+    with pytest.raises(snapdir.SnapshotError, match=r"known.*j1|here: j1"):
+        snapdir.lookup_job("j2")
+    snapdir.register_job({"job": "gone", "store": "x:1", "pid": 2 ** 22 + 12345})
+    with pytest.raises(snapdir.SnapshotError, match="is not running"):
+        snapdir.lookup_job("gone")
+    snapdir.unregister_job("j1", os.getpid() + 1)  # not the writer: kept
+    assert snapdir.known_jobs() == ["gone", "j1"]
+    snapdir.unregister_job("j1", os.getpid())
+    assert snapdir.known_jobs() == ["gone"]
+
+
+def test_settings_from_the_environment(tmp_path):
+    s = snapshot.SnapshotSettings({"LINKPASS_SNAPSHOT_EVERY": "50", "LINKPASS_SNAPSHOT_DIR": str(tmp_path),
+                                   "LINKPASS_SNAPSHOT_KEEP": "0"})
+    assert (s.every, s.dir, s.keep, s.use_async, s.resume) == (50, str(tmp_path), 0, True, None)
+    d = snapshot.SnapshotSettings({})
+    assert d.every == 0 and d.keep == 3 and d.dir == os.path.abspath(snapshot.DEFAULT_DIR)
+    for bad in ({"LINKPASS_SNAPSHOT_EVERY": "ten"}, {"LINKPASS_SNAPSHOT_KEEP": "-1"}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            snapshot.SnapshotSettings(bad)
+
+
+def test_exec_takes_flags_over_the_environment_over_the_config(tmp_path):
+    from linkpass.cli.nccl import _BadInput, snapshot_env
+
+    cfg = SimpleNamespace(snapshot=SimpleNamespace(every_steps=100, dir=str(tmp_path / "cfg"), keep=5))
+    none = argparse.Namespace(snapshot_every=None, snapshot_dir=None, snapshot_keep=None, resume=None)
+    assert snapshot_env(none, cfg, {}) == {"LINKPASS_SNAPSHOT_EVERY": "100", "LINKPASS_SNAPSHOT_DIR": str(tmp_path / "cfg"),
+                                           "LINKPASS_SNAPSHOT_KEEP": "5"}
+    assert "LINKPASS_SNAPSHOT_EVERY" not in snapshot_env(none, cfg, {"LINKPASS_SNAPSHOT_EVERY": "7"})
+    flags = argparse.Namespace(snapshot_every=3, snapshot_dir="rel", snapshot_keep=0, resume=None)
+    assert snapshot_env(flags, cfg, {"LINKPASS_SNAPSHOT_EVERY": "7"}) == {
+        "LINKPASS_SNAPSHOT_EVERY": "3", "LINKPASS_SNAPSHOT_DIR": os.path.abspath("rel"), "LINKPASS_SNAPSHOT_KEEP": "0"}
+    final = _complete(tmp_path, 60)
+    res = argparse.Namespace(snapshot_every=None, snapshot_dir=None, snapshot_keep=None, resume=str(tmp_path))
+    assert snapshot_env(res, None, {})["LINKPASS_RESUME"] == str(final.resolve())
+    (final / snapdir.MARKER).unlink()
+    with pytest.raises(_BadInput, match="--resume .*no complete snapshot"):
+        snapshot_env(res, None, {})
+
+
+# --------------------------------------------------------------------------- the agreement
+
+
+class DictStore:
+    """The part of a TCPStore the snapshot thread uses."""
+
+    def __init__(self):
+        self.d: dict[str, bytes] = {}
+
+    def check(self, keys):
+        return all(k in self.d for k in keys)
+
+    def get(self, k):
+        return self.d[k]
+
+    def set(self, k, v):
+        self.d[k] = v.encode() if isinstance(v, str) else v
+
+    def add(self, k, n):
+        v = int(self.d.get(k, b"0")) + n
+        self.d[k] = str(v).encode()
+        return v
+
+
+class FakeTracker:
+    def __init__(self, steps: int):
+        self.steps = steps
+        self.boundary_pos = {"steps": steps, "epoch": 0, "batch": steps}
+        self.listeners = []
+
+    def add_boundary_listener(self, fn):
+        self.listeners.append(fn)
+
+    @contextlib.contextmanager
+    def muted(self):
+        yield
+
+
+def _ranks(store, steps: list[int], **snap_env):
+    out = []
+    for r, s in enumerate(steps):
+        st = SimpleNamespace(rank=r, world_size=len(steps), job="j", master_addr=None, master_port=None, local_rank=r,
+                             host="h", rebuild_timeout_s=60)
+        sn = snapshot.Snapshotter(st, FakeTracker(s), snapshot.SnapshotSettings(snap_env))
+        sn._kv, sn._thread = store, object()  # driven by hand: no thread, no TCPStore
+        sn.taken = []
+        sn.take = lambda sid, step, root, t0=None, sn=sn: sn.taken.append((sid, step, root))
+        out.append(sn)
+    return out
+
+
+def test_every_rank_takes_the_requested_snapshot_at_one_step_past_every_proposal(tmp_path):
+    kv = DictStore()
+    a, b = _ranks(kv, [10, 11], LINKPASS_SNAPSHOT_DIR=str(tmp_path))
+    g = kv.add("snapshot/seq", 1)
+    kv.set(f"snapshot/{g}/req", json.dumps({"to": "/snaps"}))
+    a._poll_request()
+    assert kv.get("snapshot/1/prop/0") == b"10" and not a._decided.is_set()
+    a._poll_request()  # rank 1 has not proposed: no decision yet
+    assert not a._decided.is_set()
+    b._poll_request()
+    for sn in (a, b):
+        sn._poll_request()
+        assert sn._req["step"] == 12
+    b.on_boundary(11)
+    a.on_boundary(11)
+    assert a.taken == b.taken == []
+    a.on_boundary(12)
+    b.on_boundary(12)
+    assert a.taken == b.taken == [("g1", 12, "/snaps")]
+    assert a._req is None and a._next_g == 2
+    # the next request is generation 2
+    kv.set("snapshot/2/req", json.dumps({"to": None}))
+    a._poll_request()
+    assert a._req["g"] == 2
+
+
+def test_a_rank_that_does_not_answer_makes_the_request_abandoned_not_half_taken(tmp_path, capsys):
+    kv = DictStore()
+    a, _b = _ranks(kv, [5, 5], LINKPASS_SNAPSHOT_TIMEOUT_S="0", LINKPASS_SNAPSHOT_DIR=str(tmp_path))
+    kv.set("snapshot/1/req", json.dumps({"to": None}))
+    a._poll_request()
+    a._poll_request()  # past the deadline, rank 1 silent
+    assert a._req is None and a._next_g == 2
+    assert json.loads(kv.get("snapshot/g1/result")) == {"ok": False, "reason": "ranks [1] did not answer within 0 s"}
+    a.on_boundary(6)
+    assert a.taken == []
+    assert "snapshot request 1 abandoned" in capsys.readouterr().err
+
+
+def test_periodic_snapshots_at_multiples_of_the_interval(tmp_path):
+    (a,) = _ranks(DictStore(), [0], LINKPASS_SNAPSHOT_EVERY="25", LINKPASS_SNAPSHOT_DIR=str(tmp_path))
+    for s in range(1, 80):
+        a.on_boundary(s)
+    assert a.taken == [(f"p{s}", s, str(tmp_path)) for s in (25, 50, 75)]
