@@ -172,8 +172,11 @@ def test_20s_broker_outage_while_faults_happen(fabric, broker, tmp_path):
     assert len(ev) >= last  # (events may go on after the outage: rails, peers)
     assert [e["seq"] for e in ev] == list(range(1, len(ev) + 1))  # all of them, once each, in order
     assert [e["ts"] for e in ev] == sorted(e["ts"] for e in ev)  # ts never goes back as seq grows
-    faults = [e["rail"] for e in ev if e["event"] == "fault"]
-    assert faults[-3:] == [0, 1, 0], faults
+    # the three cuts, in order (a loaded machine can add a probe-detected fault of its own,
+    # before or after: issue 17; it is delivered like any other event)
+    faults = [(e["rail"], e.get("reason")) for e in ev if e["event"] == "fault"]
+    it = iter(r for r, _ in faults)
+    assert all(any(r == want for r in it) for want in (0, 1, 0)), faults
     assert [e["event"] for e in ev].count("failback") >= 3
     sub.close()
     # `linkpass status` shows the publisher; a clean stop leaves "offline" (retained), not the will
