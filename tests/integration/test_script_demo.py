@@ -66,7 +66,7 @@ def test_an_unmodified_script_trains_through_the_fault_with_the_fault_free_weigh
     assert r["steps_lost"] == 0 and r["weights_match_reference"] is True, json.dumps(r["per_rank"])[:3000]
     assert r["script_sha256"] == hashlib.sha256(script.read_bytes()).hexdigest()
     assert r["protected_modules"] and r["protected_modules"][0]["kind"] == ("fsdp2" if script == FSDP2 else "ddp")
-    assert isinstance(r["recovery_ms"], float) and r["recovery_ms"] > 0
+    assert isinstance(r["recovery_ms"], float) and r["recovery_ms"] >= 0
     if r["fault"]["host"] == "all":
         assert r["fault"]["hosts"] == [0, 1]
         for rank in ("0", "1"):

@@ -97,7 +97,7 @@ def test_a_snapshot_requested_mid_run_resumes_a_fresh_run_to_the_uninterrupted_w
     assert q.returncode == 0, q.stderr + a.text()[-2000:]
     res = json.loads(q.stdout)
     assert a.wait() == 0, a.text()[-3000:]
-    assert res["ok"] and 5 < res["step"] < 2048 and res["bytes"] > 0 and res["stall_ms"] > 0
+    assert res["ok"] and 5 < res["step"] < 2048 and res["bytes"] > 0 and isinstance(res["stall_ms"], (int, float)) and res["stall_ms"] >= 0
     path = Path(res["path"])
     assert path == snapdir.final_path(snaps, res["step"])
     m = snapdir.read_manifest(path)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import select
 import signal
 import socket
 import subprocess
@@ -139,6 +140,12 @@ class Listener:
         self.sock.close()
 
 
+def _proc_state(pid: int) -> str:
+    """The state letter of /proc/PID/stat ("T": stopped by a signal)."""
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
+
+
 def _fields(msg: str) -> dict[str, str]:
     return dict(ln.split("=", 1) for ln in msg.split("\n") if "=" in ln)
 
@@ -194,10 +201,12 @@ def test_notify_protocol_with_a_real_daemon(notified):
     # blocked event loop): nothing for 2 s; pings again once it runs on (SIGCONT)
     c.signal(0, signal.SIGSTOP)
     try:
-        time.sleep(0.5)  # a ping already in the socket when the process stopped
-        lst.pump()
-        time.sleep(2.0)
-        during = lst.pump()
+        pid = c.procs[0].pid
+        wait_for(lambda: _proc_state(pid) == "T", timeout=10, what="the daemon stopped")
+        lst.pump()  # what it sent before it stopped
+        # a bounded wait for the next datagram, which must not come while it is stopped
+        readable, _, _ = select.select([lst.sock], [], [], 2.0)
+        during = lst.pump() if readable else []
     finally:
         c.signal(0, signal.SIGCONT)
     assert during == [], f"messages while the daemon was stopped: {during}"
