@@ -80,6 +80,8 @@ def start() -> bool:
 
     if os.environ.get("LINKPASS_SPARE") == "1":
         handover.run_spare(settings, t, ctl)  # returns once this process has a rank to take
+    elif os.environ.get("LINKPASS_ROLLBACK"):
+        handover.run_rollback(settings, t, ctl)  # a survivor that re-executed itself: its spares still run
     else:
         try:
             n = int(os.environ.get("LINKPASS_SPARES") or 0)
@@ -108,13 +110,37 @@ def _start_snapshots(settings, t, ctl) -> None:
         _say(f"snapshots off: {e}")
         return
     _state["snapshotter"] = snapshot.Snapshotter(settings, t, snap, client_fn=lambda: ctl.client)
-    if snap.resume and os.environ.get("LINKPASS_SPARE") != "1":  # a spare takes the rank's state, not the snapshot's
+    _start_memory_snapshots(settings, t, ctl)
+    if (snap.resume and os.environ.get("LINKPASS_SPARE") != "1"  # a spare takes the rank's state, not the snapshot's
+            and not os.environ.get("LINKPASS_ROLLBACK")):
         try:
             snapshot.prepare_resume(settings, t, snap.resume, ctl.exit_fn, _state["snapshotter"])
         except snapshot.ResumeRefused as e:
             _say(f"rank {settings.rank}: {e}")
             sys.stderr.flush()
             os._exit(snapshot.EXIT_RESUME)
+
+
+def _start_memory_snapshots(settings, t, ctl) -> None:
+    """In-memory snapshots (:mod:`torch_hooks.memsnap`), when ``LINKPASS_SNAPSHOT_IN_MEMORY=1``."""
+    import json as _json
+
+    from torch_hooks import memsnap
+
+    try:
+        mem = memsnap.MemorySettings()
+    except ValueError as e:
+        _say(f"in-memory snapshots off: {e}")
+        return
+    if not mem.enabled:
+        return
+    ns = 0
+    if os.environ.get("LINKPASS_ROLLBACK"):
+        try:
+            ns = int(_json.loads(os.environ["LINKPASS_ROLLBACK"]).get("epoch") or 0)
+        except (ValueError, AttributeError):
+            ns = 0
+    ctl.memsnap = _state["memsnap"] = memsnap.MemorySnapshots(settings, t, ctl, mem, ns=ns)
 
 
 def _first_step_checks(steps: int) -> None:
@@ -153,6 +179,7 @@ def report() -> dict:
         "unprotected": sorted(pg._unprotected_notes) if hasattr(pg, "_unprotected_notes") else [],
         "snapshots": list(_state["snapshotter"].events) if _state.get("snapshotter") is not None else [],
         "resume": _state["snapshotter"].resume_event if _state.get("snapshotter") is not None else None,
+        "memory_snapshots": list(_state["memsnap"].events) if _state.get("memsnap") is not None else [],
     }
 
 
@@ -160,6 +187,9 @@ def _at_exit() -> None:
     sn = _state.get("snapshotter")
     if sn is not None:
         sn.close()  # the part in flight is written (and, on rank 0, the snapshot completed) first
+    ms = _state.get("memsnap")
+    if ms is not None:
+        ms.close(remove=True)  # the job ended here: nothing needs this rank's in-memory parts
     write_report()
     ctl = _state.get("controller")
     if ctl is not None:

@@ -186,6 +186,7 @@ class Controller:
         self._in_rebuild = False
         self._deferred: tuple[str, str] | None = None
         self.spares: list = []                 # this worker's warm spare processes
+        self.memsnap: Any = None               # torch_hooks.memsnap.MemorySnapshots, when on
         tracker.add_step_listener(self._on_step)
 
     # ---------------------------------------------------------------- wiring
@@ -412,6 +413,9 @@ class Controller:
             return
         kv = self._kv_wait
         kv.set(f"rebuild/{e}/pos/{self.s.rank}", json.dumps(self._position()))
+        if (req.get("handover") or {}).get("kind") == "rollback":  # no agreement: every rank starts over
+            self._roll_back(e, req["handover"], kv)
+            return
         d, t_agree = self._agree(kv, e, req)
         if not d.ok:
             self.exit_fn(EXIT_MIGRATE if d.outcome == "no_rail" else EXIT_REBUILD_FAILED,
@@ -549,12 +553,12 @@ class Controller:
         kv = self._kv
         e = self.epoch + 1
         reason = None
+        rollback = None
         if not self.tracker.modules:
             reason = "no protected module (DDP / fully_shard) whose state a spare could take"
         elif any(k == "fsdp2" for k in self.tracker.module_kinds):
-            reason = ("the model is sharded (fully_shard): no other rank holds this rank's shard, so a spare cannot take "
-                      "it over without a snapshot; stopping instead of training on wrong state")
-        elif not self.tracker.position()["known"]:
+            rollback, reason = self._rollback_step(kv)
+        if reason is None and not self.tracker.position()["known"]:
             reason = ("the data position is unknown (no DataLoader over a DistributedSampler, no "
                       "torch_hooks.tracker.set_position): a spare would train on other batches")
         self._handing_over = True
@@ -567,6 +571,8 @@ class Controller:
             self.exit_fn(EXIT_NO_SPARE, f"rank {self.s.rank}: {why}; {reason}")
             return
         ho = {"kind": "device", "rank": self.s.rank, "spare": spare["id"], "src": None, "t_ns": t_ns}
+        if rollback is not None:
+            ho.update(rollback, kind="rollback", at_step=self.tracker.boundary_pos.get("steps"))
         # from here this rank's optimizer cannot step (the lock is never given back: the process
         # becomes the proxy), so the replica ends at most one step past this rank's boundary
         self.tracker.step_lock.acquire(timeout=STEP_LOCK_S)
@@ -578,12 +584,73 @@ class Controller:
                          "for another reason: two faults at once")
             return
         self._assign(kv, e, spare, self.rail, why)
-        self._leave_rng(kv, e)
+        if rollback is None:  # a rollback's part has the rank's RNG states at that boundary
+            self._leave_rng(kv, e)
         log.error("linkpass: rank %d: %s; spare %s (pid %s) takes the rank over", self.s.rank, why, spare["id"],
                   spare.get("pid"))
         if self.client is not None:
             self.client.report("handover", epoch=e, spare=int(spare["id"]), reason=why[:200])
         handover.become_proxy(int(spare["pid"]), int(spare["id"]))
+
+    def _rollback_step(self, kv) -> tuple[dict | None, str | None]:
+        """For a sharded rank whose device failed: the in-memory snapshot every rank goes back
+        to (:mod:`torch_hooks.memsnap`), as ``({"step", "ns", "holder"}, None)``, or
+        ``(None, reason)`` when there is none."""
+        ms = getattr(self, "memsnap", None)
+        base = ("the model is sharded (fully_shard): no other rank holds this rank's shard, so a spare cannot take it "
+                "over without a snapshot")
+        if ms is None or not ms.mem.enabled:
+            return None, f"{base} (in-memory snapshots are off: linkpass exec --snapshot-in-memory); stopping instead " \
+                         "of training on wrong state"
+        if ms.off_reason:
+            return None, f"{base}, and in-memory snapshots are off here ({ms.off_reason})"
+        try:
+            step = ms.usable_step(kv)
+            holder = memsnap_holder(ms, self.s.rank)
+        except Exception as ex:  # noqa: BLE001 - the store is unreachable: no rollback to agree on
+            return None, f"{base}; the job's store did not answer ({str(ex).splitlines()[0][:160] if str(ex) else ex!r})"
+        if step is None:
+            return None, (f"{base}, and no in-memory snapshot is complete on every rank yet (one every "
+                          f"{ms.mem.every} steps; this rank is at step {self.tracker.steps})")
+        return {"step": step, "ns": ms.ns, "holder": holder}, None
+
+    def _roll_back(self, e: int, ho: dict, kv) -> None:
+        """A survivor of a sharded rank's device fault: leave the faulty rank's part for its
+        spare when this rank holds it, then re-execute this process to replay the script to the
+        snapshot's step (:mod:`torch_hooks.memsnap`)."""
+        from torch_hooks import handover, memsnap
+
+        ms = getattr(self, "memsnap", None)
+        step, ns = int(ho["step"]), int(ho.get("ns") or 0)
+        d = ms.dir if ms is not None else memsnap.default_dir(self.s.job, self.s.host)
+        try:
+            if int(ho["holder"]) == self.s.rank:
+                data = memsnap.read_part(memsnap.held_file(d, ns, step, int(ho["rank"])))
+                handover.put_state(kv, e, int(ho["rank"]), data)
+                log.warning("linkpass: rank %d: rank %d's part of the step-%d snapshot (%d bytes) sent to its spare",
+                            self.s.rank, ho["rank"], step, len(data))
+            own = memsnap.own_file(d, ns, step, self.s.rank)
+            if not own.exists():
+                raise FileNotFoundError(f"this rank's part {own} is gone")
+        except Exception as ex:  # noqa: BLE001 - one exit path
+            self.exit_fn(EXIT_REBUILD_FAILED, f"rank {self.s.rank}: cannot roll back to the in-memory snapshot of step "
+                         f"{step}: {str(ex).splitlines()[0][:300] if str(ex) else type(ex).__name__}")
+            return
+        info = {"epoch": e, "step": step, "ns": ns, "file": str(own), "trigger_t_ns": ho.get("t_ns"),
+                "at_step": self.tracker.steps, "failed_rank": ho["rank"], "last_step_ns": self.tracker.last_step_ns}
+        pids = [p.pid for p in self.spares if p.poll() is None]
+        log.warning("linkpass: rank %d: rank %d's GPU failed; this rank goes back to step %d (it is at step %d): the "
+                    "process re-executes itself and replays the script", self.s.rank, ho["rank"], step, self.tracker.steps)
+        if self.client is not None:
+            self.client.report("rollback", epoch=e, step=step, at_step=self.tracker.steps, failed_rank=ho["rank"])
+        if ms is not None:
+            ms.close(remove=False)
+        env = memsnap.rollback_env(os.environ, info, pids)
+        iface = self.s.rails.get(self.rail) if self.rail is not None else None
+        if iface:  # the rail the groups use now, which may not be the one the worker started on
+            env["GLOO_SOCKET_IFNAME"] = iface
+        handover.flush_all()
+        os.execve(sys.executable, list(getattr(sys, "orig_argv", None) or [sys.executable, *sys.argv]), env)
 
     def _leave_rng(self, kv, e: int) -> None:
         """This rank's own RNG states for its spare (:func:`handover.own_rng`), written once the
@@ -622,6 +689,12 @@ class Controller:
             self._after_rebuild = None
             ev["first_step_t_ns"] = time.monotonic_ns()
             ev["first_step"] = steps
+
+
+def memsnap_holder(ms: Any, rank: int) -> int:
+    from torch_hooks import memsnap
+
+    return memsnap.holder_of(rank, ms.hosts(timeout_s=5.0))
 
 
 #: where the kernel shows netdevs (a test points it at a tree of its own)

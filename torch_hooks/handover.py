@@ -211,8 +211,8 @@ def get_state(kv: Any, e: int, rank: int, timeout_s: float) -> bytes:
     return b"".join(kv.get(f"handover/{e}/{rank}/state/{i}") for i in range(n))
 
 
-def become_proxy(spare_pid: int, spare_id: int, code_if_lost: int = 1) -> None:
-    """Replace this process (``execv``, same pid) with the proxy that waits for the spare."""
+def flush_all() -> None:
+    """Flush the log handlers and stdio before this process is replaced (``execve``)."""
     for h in logging.getLogger().handlers:
         try:
             h.flush()
@@ -220,6 +220,11 @@ def become_proxy(spare_pid: int, spare_id: int, code_if_lost: int = 1) -> None:
             pass
     sys.stdout.flush()
     sys.stderr.flush()
+
+
+def become_proxy(spare_pid: int, spare_id: int, code_if_lost: int = 1) -> None:
+    """Replace this process (``execv``, same pid) with the proxy that waits for the spare."""
+    flush_all()
     env = dict(os.environ, LINKPASS_HOOK="0")  # the proxy is no training process: no hook, no report
     os.execve(sys.executable, [sys.executable, "-m", "torch_hooks.proxy", "--pid", str(spare_pid),
                                "--spare", str(spare_id), "--code-if-lost", str(code_if_lost)], env)
@@ -294,11 +299,29 @@ def run_spare(settings: Any, tracker: Any, controller: Any) -> None:
         os.environ["GLOO_SOCKET_IFNAME"] = iface
     settings.rank = a.rank
     settings.rail = a.rail if a.rail >= 0 else None
-    if ho["kind"] == "device":
+    if ho["kind"] in ("device", "rollback"):
         settings.gpu = None  # it runs on another GPU than the failed one (which the daemon still reports)
     print(f"linkpass: spare {sp.id} takes rank {a.rank} over (epoch {a.epoch}, {ho['kind']}: {a.reason})",
           file=sys.stderr, flush=True)
     e = a.epoch
+    if ho["kind"] == "rollback":  # the rank's part of an in-memory snapshot, from its holder
+        ev = {"event": "rollback", "epoch": e, "kind": "rollback", "rank": a.rank, "spare": sp.id, "src": ho.get("holder"),
+              "step": ho.get("step"), "at_step": ho.get("at_step"), "trigger_t_ns": ho.get("t_ns"),
+              "assigned_t_ns": t_assigned, "first_step_t_ns": None}
+        try:
+            data = get_state(kv, e, a.rank, settings.rebuild_timeout_s)
+            blob = _load(data)
+        except Exception as ex:  # noqa: BLE001 - one exit path, never a traceback into the script
+            from torch_hooks.controller import EXIT_REBUILD_FAILED
+
+            controller.exit_fn(EXIT_REBUILD_FAILED, f"spare {sp.id} cannot take rank {a.rank} over: its part of the "
+                               f"step-{ho.get('step')} in-memory snapshot did not arrive "
+                               f"({str(ex).splitlines()[0][:200] if str(ex) else type(ex).__name__})")
+            return
+        replay_part(settings, tracker, controller, e, a.rank, blob, len(data), ev,
+                    f"rank {a.rank} resumed in spare {sp.id} at step {blob['position']['steps']} (its part of the "
+                    f"in-memory snapshot, {len(data)} bytes, from rank {ho.get('holder')})")
+        return
     if ho["kind"] == "device":
         controller.propose_as_spare(kv, e)
     src = _source(kv, e, ho, settings.world_size, settings.rebuild_timeout_s)
@@ -356,6 +379,125 @@ def run_spare(settings: Any, tracker: Any, controller: Any) -> None:
               f"rank {src})", file=sys.stderr, flush=True)
 
     tracker.fast_forward(pos.get("epoch"), int(pos.get("batch") or 0), on_live)
+
+
+def _load(data: bytes) -> dict:
+    import torch
+
+    return torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
+
+
+def replay_part(settings: Any, tracker: Any, controller: Any, e: int, rank: int, blob: dict, nbytes: int, ev: dict,
+                live_msg: str) -> None:
+    """Replay the script to the boundary of ``blob`` (a part in :func:`torch_hooks.memsnap.capture`'s
+    layout), joining process-group epoch ``e`` at the boundary's sequence numbers, and load the
+    part there.  ``ev`` (the report's event) gets ``live_t_ns``, ``state_bytes``, ``state_ms``."""
+    from torch_hooks import pg
+
+    pos = blob["position"]
+    seqs = list(pos.get("boundary_seqs") or [])
+    with tracker._lock:
+        tracker.steps = int(pos["steps"])
+    tracker.ddp_layout_replay = [x for x in pos.get("ddp_layouts") or [] if x]
+    created = [0]
+    t_start = time.monotonic_ns()
+
+    def join(g) -> tuple[int, int]:
+        i = created[0]
+        created[0] += 1
+        if i >= len(seqs):
+            controller.exit_fn(pg_exit_code(), f"rank {rank}: the script created more process groups ({i + 1}) than "
+                               f"it had at the snapshot ({len(seqs)}): cannot roll back")
+        return e, seqs[i]
+
+    pg._join_hook[0] = join
+    controller.epoch = e
+    controller.rail = settings.rail
+    controller.handover_event = ev
+    ms = getattr(controller, "memsnap", None)
+    if ms is not None:
+        ms.ns = e  # snapshots taken from here on are new keys, also for steps taken before
+
+    def on_live() -> None:
+        t0 = time.monotonic_ns()
+        try:
+            _apply_blob(blob, tracker, rank, rank)
+        except Exception as ex:  # noqa: BLE001 - one exit path, never a traceback into the script
+            from torch_hooks.controller import EXIT_REBUILD_FAILED
+
+            controller.exit_fn(EXIT_REBUILD_FAILED, f"rank {rank} cannot load its part of the in-memory snapshot: "
+                               f"{str(ex).splitlines()[0][:300] if str(ex) else type(ex).__name__}")
+            return
+        pg._join_hook[0] = None
+        groups = controller.groups
+        if len(groups) != len(seqs):
+            controller.exit_fn(pg_exit_code(), f"rank {rank}: {len(groups)} process groups now, {len(seqs)} at the "
+                               "snapshot: cannot roll back")
+        for g, s in zip(groups, seqs):
+            g.go_live(s)
+        ev.update(live_t_ns=time.monotonic_ns(), state_bytes=nbytes, state_ms=round((time.monotonic_ns() - t0) / 1e6, 3),
+                  replay_ms=round((t0 - t_start) / 1e6, 3))
+        controller.events.append(ev)
+        controller._after_rebuild = ev
+        print(f"linkpass: {live_msg}", file=sys.stderr, flush=True)
+
+    tracker.fast_forward(pos.get("epoch"), int(pos.get("batch") or 0), on_live)
+
+
+class _Child:
+    """A warm spare started before this process re-executed itself: still its child, known by
+    pid only (what :func:`retire_spares` needs: ``pid``, ``poll()``, ``terminate()``)."""
+
+    def __init__(self, pid: int):
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:
+                self.returncode = -1
+                return self.returncode
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def terminate(self) -> None:
+        try:
+            os.kill(self.pid, 15)
+        except OSError:
+            pass
+
+
+def run_rollback(settings: Any, tracker: Any, controller: Any) -> None:
+    """A survivor that re-executed itself to go back to an in-memory snapshot
+    (``LINKPASS_ROLLBACK``, :mod:`torch_hooks.memsnap`): prepare the replay to the snapshot's
+    step with its own part.  Returns to let the script run."""
+    info = json.loads(os.environ.pop("LINKPASS_ROLLBACK"))
+    controller.spares = [_Child(int(p)) for p in (os.environ.pop("LINKPASS_SPARE_PIDS", "") or "").split(",") if p.isdigit()]
+    e = int(info["epoch"])
+    ev = {"event": "rollback", "epoch": e, "kind": "rollback", "rank": settings.rank, "spare": None, "src": settings.rank,
+          "step": info.get("step"), "at_step": info.get("at_step"), "failed_rank": info.get("failed_rank"),
+          "trigger_t_ns": info.get("trigger_t_ns"), "assigned_t_ns": None, "first_step_t_ns": None}
+    try:
+        with open(info["file"], "rb") as f:
+            data = f.read()
+        blob = _load(data)
+    except Exception as ex:  # noqa: BLE001 - one exit path
+        from torch_hooks.controller import EXIT_REBUILD_FAILED
+
+        controller.exit_fn(EXIT_REBUILD_FAILED, f"rank {settings.rank} cannot roll back: its part {info.get('file')} "
+                           f"is not readable ({str(ex).splitlines()[0][:200] if str(ex) else type(ex).__name__})")
+        return
+    if info.get("last_step_ns"):
+        with tracker._lock:  # the first step after the rollback counts the whole stall, from the last step before it
+            tracker.last_step_ns = int(info["last_step_ns"])
+    print(f"linkpass: rank {settings.rank} goes back to step {info.get('step')} (it was at step {info.get('at_step')}; "
+          f"rank {info.get('failed_rank')} lost its GPU)", file=sys.stderr, flush=True)
+    replay_part(settings, tracker, controller, e, settings.rank, blob, len(data), ev,
+                f"rank {settings.rank} resumed at step {blob['position']['steps']} from its own part of the in-memory "
+                f"snapshot ({len(data)} bytes)")
 
 
 def pg_exit_code() -> int:
@@ -458,11 +600,12 @@ def _own_rng_for(kv: Any, e: int, ho: dict, pos: dict, rank: int) -> dict | None
 
 
 def _apply_state(data: bytes, tracker: Any, rank: int, src: int, rng: dict | None = None) -> None:
-    import torch
+    _apply_blob(_load(data), tracker, rank, src, rng)
 
+
+def _apply_blob(blob: dict, tracker: Any, rank: int, src: int, rng: dict | None = None) -> None:
     from torch_hooks import tracker as tr
 
-    blob = torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
     mods, opts, scheds = blob["modules"], blob["optimizers"], blob["schedulers"]
     if len(mods) != len(tracker.modules) or len(opts) != len(tracker.optimizers):
         raise RuntimeError(f"state mismatch: rank {src} has {len(mods)} protected modules and {len(opts)} optimizers, "

@@ -289,6 +289,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="arguments for --script, one string (default for the example: %r)" % "--epochs 3 --samples 16384 "
                    "--batch-size 32 --snapshot snapshot.pt")
     d.add_argument("--spares", type=int, default=1, help="hot spares per host (device-fault scenario, default 1)")
+    d.add_argument("--memory-every", type=int, default=10, metavar="N",
+                   help="device-fault with --script: an in-memory snapshot every N steps, so a sharded (FSDP2) rank can "
+                   "be rebuilt from its peer's copy (the job redoes at most N steps); 0: none (default 10)")
     d.add_argument("--fault-host", type=_fault_host, default=None, metavar="N|all",
                    help="host whose rail is cut or whose rank loses its GPU (default the last host; 0 works too: the "
                    "job's store runs in a process of its own); 'all' (rail scenarios): the rail is cut on every host "

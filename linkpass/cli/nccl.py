@@ -62,6 +62,13 @@ def _nonneg(text: str) -> int:
     return v
 
 
+def _pos(text: str) -> int:
+    v = _nonneg(text)
+    if v < 1:
+        raise argparse.ArgumentTypeError("must be 1 or more")
+    return v
+
+
 def _one_line_errors(p: argparse.ArgumentParser, prog: str) -> None:
     def error(message: str):
         print(f"{prog}: {message} (see `{prog} --help`)", file=sys.stderr)
@@ -328,12 +335,20 @@ def snapshot_env(args, cfg, environ) -> dict[str, str]:
     sec = getattr(cfg, "snapshot", None)
     for var, flag, opt in (("LINKPASS_SNAPSHOT_EVERY", "snapshot_every", "every_steps"),
                            ("LINKPASS_SNAPSHOT_DIR", "snapshot_dir", "dir"),
-                           ("LINKPASS_SNAPSHOT_KEEP", "snapshot_keep", "keep")):
+                           ("LINKPASS_SNAPSHOT_KEEP", "snapshot_keep", "keep"),
+                           ("LINKPASS_SNAPSHOT_IN_MEMORY", "snapshot_in_memory", "in_memory"),
+                           ("LINKPASS_SNAPSHOT_MEMORY_EVERY", "snapshot_memory_every", "memory_every_steps")):
         v = getattr(args, flag, None)
-        if v is None and not environ.get(var) and sec is not None and getattr(sec, opt) not in ("", None):
+        if v is None and not environ.get(var) and sec is not None and getattr(sec, opt, None) not in ("", None):
             v = getattr(sec, opt)
+        if isinstance(v, bool):
+            v = "1" if v else "0"
         if v is not None:
             out[var] = os.path.abspath(v) if var == "LINKPASS_SNAPSHOT_DIR" else str(v)
+    if out.get("LINKPASS_SNAPSHOT_IN_MEMORY") == "0":
+        del out["LINKPASS_SNAPSHOT_IN_MEMORY"]
+    if "LINKPASS_SNAPSHOT_IN_MEMORY" not in out and environ.get("LINKPASS_SNAPSHOT_IN_MEMORY", "") not in ("1", "true", "yes"):
+        out.pop("LINKPASS_SNAPSHOT_MEMORY_EVERY", None)  # the interval of something off
     if getattr(args, "resume", None):
         try:
             out["LINKPASS_RESUME"] = str(snapdir.resolve(args.resume).resolve())
@@ -385,6 +400,12 @@ def register(subparsers) -> None:
                    "(default: [snapshot] every_steps; 0: only on request)")
     e.add_argument("--snapshot-dir", metavar="DIR", help="where snapshots go (default: [snapshot] dir)")
     e.add_argument("--snapshot-keep", type=_nonneg, metavar="N", help="complete snapshots kept (default: [snapshot] keep)")
+    e.add_argument("--snapshot-in-memory", action="store_true", default=None,
+                   help="each rank keeps its part of the last in-memory snapshot in host memory and a copy on a peer "
+                   "host, so a sharded (FSDP2) rank whose GPU fails goes to a spare and the job redoes only the steps "
+                   "since that snapshot (default: [snapshot] in_memory)")
+    e.add_argument("--snapshot-memory-every", type=_pos, metavar="N", help="an in-memory snapshot after every N "
+                   "optimizer steps (default: [snapshot] memory_every_steps, else 10)")
     _common(e)
     e.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ARGS", help="the command and its arguments")
     e.set_defaults(func=cmd_exec, gpu=None)

@@ -252,6 +252,13 @@ class SnapshotSection(_Strict):
     dir: str = Field("", description="Where snapshots go; a directory every host of the job sees (a shared file "
                      "system). Empty: linkpass-snapshots in each worker's working directory.")
     keep: StrictInt = Field(3, ge=0, description="Complete snapshots kept in dir (the newest; 0: all).")
+    in_memory: StrictBool = Field(False, description="In-memory snapshots (torch_hooks/memsnap.py): each rank keeps "
+                                  "its part of the newest two in host memory (tmpfs) and a copy on a peer host, so a "
+                                  "sharded (FSDP2) rank whose GPU fails goes to a warm spare and the job redoes only the "
+                                  "steps since the snapshot. Host memory: about 4 times a rank's state.")
+    memory_every_steps: StrictInt = Field(10, ge=1, le=10_000_000, description="An in-memory snapshot after every "
+                                          "this many optimizer steps (each costs a copy of the rank's state to CPU "
+                                          "memory at the step boundary).")
 
 
 #: domain:bus:device.function as lspci -D and NVML print it (domain 4 to 8 hex digits).

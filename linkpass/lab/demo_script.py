@@ -96,6 +96,8 @@ class ScriptDemo(RebuildDemo):
                 raise DemoError(f"--fault-host must be 0..{hosts - 1} or all", 2)
             self.fault_hosts = [h]
         self.fault_host = self.fault_hosts[-1]  # the host whose progress times the fault
+        #: in-memory snapshot interval of the device-fault run (steps; a rolled-back job redoes at most this many)
+        self.memory_every = 10
         if scenario not in ("rail", "snapshot") and spares < 1:
             raise DemoError(f"--scenario {scenario} needs --spares 1 or more", 2)
 
@@ -194,7 +196,11 @@ class ScriptDemo(RebuildDemo):
         fault_host = self.fault_host
         latched = self.scenario == "rail-latched"
         self.log(f"faulted run: scenario {self.scenario}" + (f", {self.spares} warm spare(s) per worker" if self.spares else ""))
-        self._launch("faulted", 29501, self.spares, latched)
+        # device fault: in-memory snapshots on, so a sharded (FSDP2) rank can be rebuilt from its peer's copy
+        # (a DDP rank still takes a replica's state: 0 steps redone)
+        mem = (("--snapshot-in-memory", "--snapshot-memory-every", str(self.memory_every))
+               if self.scenario == "device-fault" and self.memory_every else ())
+        self._launch("faulted", 29501, self.spares, latched, exec_args=mem)
         if self.spares:
             self._wait_spares("faulted")
         # about 30 % of the run, and not before the spares are listed (they start with the job)
@@ -277,7 +283,13 @@ class ScriptDemo(RebuildDemo):
         resumed = [e.get("first_step_t_ns") for e in firsts if e]
         recovery = round((max(resumed) - t_fault) / 1e6, 3) if resumed and None not in resumed and len(resumed) == len(res) else None
         stall = max((r["max_step_stall_ms"] or 0.0) for r in res)
+        rollbacks = [e for e in firsts if e and e.get("event") == "rollback"]
         return {
+            "recovery": ("rollback to the in-memory snapshot" if rollbacks else
+                         "replica state" if any(e and e.get("kind") == "device" for e in firsts) else "in-process"),
+            "steps_redone": max((int(e["at_step"]) - int(e["step"]) for e in rollbacks
+                                 if e.get("at_step") is not None and e.get("step") is not None), default=0),
+            "rollback_step": rollbacks[0].get("step") if rollbacks else None,
             "scenario": self.scenario,
             "steps": steps,
             "steps_lost": steps - min(r["steps"] for r in res),

@@ -86,9 +86,28 @@ def test_an_unmodified_script_trains_through_the_fault_with_the_fault_free_weigh
         assert mine[0]["kind"] == ("device" if scenario == "device-fault" else "latched") and mine[0]["state_bytes"] > 0
 
 
-def test_a_sharded_rank_on_a_failed_gpu_stops_the_job_with_the_reason(tmp_path):
-    """FSDP2 keeps no replica of a rank's shard: the job must stop, never train on wrong state."""
-    p, r = _demo(tmp_path, FSDP2, FSDP2_ARGS, "device-fault")
+def test_a_sharded_rank_on_a_failed_gpu_goes_to_a_spare_from_its_peers_in_memory_copy(tmp_path):
+    """FSDP2 keeps no replica of a rank's shard: with in-memory snapshots (every 10 steps) the
+    spare takes the failed rank's part from the rank holding its copy, every survivor goes back
+    to that step in a re-executed process, and the job redoes the steps since then: final
+    weights bitwise the fault-free run's."""
+    p, r = _demo(tmp_path, FSDP2, FSDP2_ARGS, "device-fault", "--memory-every", "10")
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert r["steps_lost"] == 0 and r["weights_match_reference"] is True, json.dumps(r["per_rank"])[:3000]
+    assert r["recovery"] == "rollback to the in-memory snapshot"
+    assert r["rollback_step"] % 10 == 0 and r["rollback_step"] > 0
+    # the failed rank was at most 10 steps past the snapshot, its survivors at most one more
+    assert 0 <= r["steps_redone"] <= 11
+    for rank, pr in r["per_rank"].items():
+        (ev,) = pr["recoveries"]
+        assert ev["event"] == "rollback" and ev["step"] == r["rollback_step"] and ev["state_bytes"] > 0, pr
+        assert (ev["spare"] is not None) == (rank == str(r["fault"]["host"])), pr  # only the failed rank's is a spare
+
+
+def test_a_sharded_rank_on_a_failed_gpu_without_in_memory_snapshots_stops_the_job_with_the_reason(tmp_path):
+    """No copy of the rank's shard anywhere: the job must stop, never train on wrong state."""
+    p, r = _demo(tmp_path, FSDP2, FSDP2_ARGS, "device-fault", "--memory-every", "0")
     assert p.returncode == 1 and r is None
     err = p.stderr
     assert "faulted run failed" in err and "the model is sharded" in err and "exiting with status 69" in err, err[-3000:]
+    assert "in-memory snapshots are off" in err, err[-3000:]

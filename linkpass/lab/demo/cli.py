@@ -37,6 +37,10 @@ def main(args) -> int:
                                       else (demo_script.DEFAULT_SCRIPT_ARGS if not getattr(args, "script", None) else ""),
                                       scenario, args.hosts, args.rails, args.name, args.mode, spares=getattr(args, "spares", 1),
                                       fault_host=getattr(args, "fault_host", None))
+        every = getattr(args, "memory_every", 10)
+        if every is None or every < 0:
+            raise DemoError("--memory-every must be 0 (off) or more", 2)
+        demo.memory_every = every
     elif scenario == "guard-device-fault":
         if getattr(args, "fault_host", None) == "all":
             raise DemoError("--fault-host all: only for the rail scenarios (rail, rail-latched)", 2)
