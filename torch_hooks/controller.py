@@ -606,12 +606,12 @@ class Controller:
             return None, f"{base}, and in-memory snapshots are off here ({ms.off_reason})"
         try:
             step = ms.usable_step(kv)
+            if step is None:
+                return None, (f"{base}, and no in-memory snapshot is complete on every rank yet (one every "
+                              f"{ms.mem.every} steps; this rank is at step {self.tracker.steps})")
             holder = memsnap_holder(ms, self.s.rank)
         except Exception as ex:  # noqa: BLE001 - the store is unreachable: no rollback to agree on
             return None, f"{base}; the job's store did not answer ({str(ex).splitlines()[0][:160] if str(ex) else ex!r})"
-        if step is None:
-            return None, (f"{base}, and no in-memory snapshot is complete on every rank yet (one every "
-                          f"{ms.mem.every} steps; this rank is at step {self.tracker.steps})")
         return {"step": step, "ns": ms.ns, "holder": holder}, None
 
     def _roll_back(self, e: int, ho: dict, kv) -> None:
