@@ -99,15 +99,20 @@ def test_a_sharded_rank_on_a_failed_gpu_goes_to_a_spare_from_its_peers_in_memory
     # the failed rank was at most 10 steps past the snapshot, its survivors at most one more
     assert 0 <= r["steps_redone"] <= 11
     for rank, pr in r["per_rank"].items():
-        (ev,) = pr["recoveries"]
+        # first the rollback; an in-process rebuild after it is a rail alarm of the loaded machine's probes
+        assert pr["recoveries"] and all(e["event"] == "rebuilt" for e in pr["recoveries"][1:]), pr
+        ev = pr["recoveries"][0]
         assert ev["event"] == "rollback" and ev["step"] == r["rollback_step"] and ev["state_bytes"] > 0, pr
         assert (ev["spare"] is not None) == (rank == str(r["fault"]["host"])), pr  # only the failed rank's is a spare
 
 
-def test_a_sharded_rank_on_a_failed_gpu_without_in_memory_snapshots_stops_the_job_with_the_reason(tmp_path):
+@pytest.mark.parametrize("every,why", [("0", "in-memory snapshots are off"),
+                                       ("100000", "no in-memory snapshot is complete on every rank yet")],
+                         ids=["off", "none-taken-yet"])
+def test_a_sharded_rank_on_a_failed_gpu_without_a_copy_of_its_shard_stops_the_job_with_the_reason(tmp_path, every, why):
     """No copy of the rank's shard anywhere: the job must stop, never train on wrong state."""
-    p, r = _demo(tmp_path, FSDP2, FSDP2_ARGS, "device-fault", "--memory-every", "0")
+    p, r = _demo(tmp_path, FSDP2, FSDP2_ARGS, "device-fault", "--memory-every", every)
     assert p.returncode == 1 and r is None
     err = p.stderr
     assert "faulted run failed" in err and "the model is sharded" in err and "exiting with status 69" in err, err[-3000:]
-    assert "in-memory snapshots are off" in err, err[-3000:]
+    assert why in err, err[-3000:]
