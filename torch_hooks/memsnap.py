@@ -43,6 +43,7 @@ Times are ``time.monotonic_ns()``; ``*_ms`` milliseconds; sizes bytes.
 
 from __future__ import annotations
 
+import collections
 import datetime
 import io
 import json
@@ -65,6 +66,8 @@ DEFAULT_EVERY = 10
 MEM_RESERVE = 1 << 30
 #: the holder's thread looks for incoming copies this often (s)
 POLL_S = 0.05
+#: the newest events kept for the worker's report
+MAX_EVENTS = 200
 #: store chunk size (bytes; the store's values are sent whole)
 CHUNK_BYTES = 4 << 20
 
@@ -214,7 +217,7 @@ class MemorySnapshots:
         self._queue: list[tuple[int, dict, int]] = []   # (step, blob, t0) to serialise and send
         self._expect: list[int] = []                    # steps whose held copies are still to come
         self.taken: list[int] = []                      # steps of this rank's parts, newest last
-        self.events: list[dict] = []
+        self.events: collections.deque[dict] = collections.deque(maxlen=MAX_EVENTS)  # for the report
         self.off_reason: str | None = None
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
