@@ -67,6 +67,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 log = logging.getLogger("linkpass.torch_hooks.handover")
@@ -262,7 +263,6 @@ def run_spare(settings: Any, tracker: Any, controller: Any) -> None:
     no rank needed it."""
     import torch.distributed as dist
 
-    from torch_hooks import pg
     from torch_hooks.spare import Spare
 
     script = sys.argv[0] if sys.argv and sys.argv[0] not in ("", "-c", "-m") else ""
@@ -326,59 +326,18 @@ def run_spare(settings: Any, tracker: Any, controller: Any) -> None:
         controller.propose_as_spare(kv, e)
     src = _source(kv, e, ho, settings.world_size, settings.rebuild_timeout_s)
     pos = json.loads(kv.get(f"rebuild/{e}/pos/{src}"))
-    seqs = list(pos["boundary_seqs"])
-    with tracker._lock:  # the rank's step from now on (its proposal, should another rebuild come)
-        tracker.steps = int(pos["steps"])
-    # DDP's constructor in the replay builds its reducer with the buckets the job uses now, not
-    # the first-iteration layout (torch/nn/parallel/distributed.py: bucketing is off for the
-    # first iteration, rebuilt after it in gradient order)
-    tracker.ddp_layout_replay = [x for x in pos.get("ddp_layouts") or [] if x]
-    created = [0]
+    ev = {"event": "handover", "epoch": e, "kind": ho["kind"], "rank": a.rank, "spare": sp.id, "src": src,
+          "trigger_t_ns": ho.get("t_ns"), "assigned_t_ns": t_assigned, "resume_step": pos["steps"],
+          "first_step_t_ns": None}
 
-    def join(g) -> tuple[int, int]:
-        i = created[0]
-        created[0] += 1
-        if i >= len(seqs):
-            controller.exit_fn(pg_exit_code(), f"spare for rank {a.rank}: the script created more process groups "
-                               f"({i + 1}) than rank {src} had ({len(seqs)}): cannot take the rank over")
-        return e, seqs[i]
+    def load() -> int:
+        data = get_state(kv, e, a.rank, settings.rebuild_timeout_s)
+        _apply_state(data, tracker, a.rank, src, _own_rng_for(kv, e, ho, pos, a.rank))
+        return len(data)
 
-    pg._join_hook[0] = join
-    controller.epoch = e
-    controller.rail = settings.rail
-    controller.handover_event = {"event": "handover", "epoch": e, "kind": ho["kind"], "rank": a.rank, "spare": sp.id,
-                                 "src": src, "trigger_t_ns": ho.get("t_ns"), "assigned_t_ns": t_assigned,
-                                 "resume_step": pos["steps"], "first_step_t_ns": None}
-
-    def on_live() -> None:
-        t0 = time.monotonic_ns()
-        try:
-            data = get_state(kv, e, a.rank, settings.rebuild_timeout_s)
-            rng = _own_rng_for(kv, e, ho, pos, a.rank)
-            _apply_state(data, tracker, a.rank, src, rng)
-        except Exception as ex:  # noqa: BLE001 - one exit path, never a traceback into the script
-            from torch_hooks.controller import EXIT_REBUILD_FAILED
-
-            controller.exit_fn(EXIT_REBUILD_FAILED, f"spare {sp.id} cannot take rank {a.rank} over: "
-                               f"{str(ex).splitlines()[0][:300] if str(ex) else type(ex).__name__}")
-            return
-        pg._join_hook[0] = None
-        groups = controller.groups
-        if len(groups) != len(seqs):
-            controller.exit_fn(pg_exit_code(), f"spare for rank {a.rank}: {len(groups)} process groups here, "
-                               f"{len(seqs)} on rank {src}: cannot take the rank over")
-        for g, s in zip(groups, seqs):
-            g.go_live(s)
-        ev = controller.handover_event
-        ev.update(live_t_ns=time.monotonic_ns(), state_bytes=len(data),
-                  state_ms=round((time.monotonic_ns() - t0) / 1e6, 3),
-                  replay_ms=round((t0 - t_assigned) / 1e6, 3))
-        controller.events.append(ev)
-        controller._after_rebuild = ev
-        print(f"linkpass: rank {a.rank} resumed in the spare at step {pos['steps']} (state {len(data)} bytes from "
-              f"rank {src})", file=sys.stderr, flush=True)
-
-    tracker.fast_forward(pos.get("epoch"), int(pos.get("batch") or 0), on_live)
+    replay_to(settings, tracker, controller, e, pos, load, ev, who=f"spare {sp.id} taking rank {a.rank} from rank {src}",
+              live_msg=lambda n: f"rank {a.rank} resumed in the spare at step {pos['steps']} (state {n} bytes from "
+              f"rank {src})")
 
 
 def _load(data: bytes) -> dict:
@@ -390,14 +349,37 @@ def _load(data: bytes) -> dict:
 def replay_part(settings: Any, tracker: Any, controller: Any, e: int, rank: int, blob: dict, nbytes: int, ev: dict,
                 live_msg: str) -> None:
     """Replay the script to the boundary of ``blob`` (a part in :func:`torch_hooks.memsnap.capture`'s
-    layout), joining process-group epoch ``e`` at the boundary's sequence numbers, and load the
-    part there.  ``ev`` (the report's event) gets ``live_t_ns``, ``state_bytes``, ``state_ms``."""
+    layout) and load the part there (:func:`replay_to`); snapshots taken from then on are of
+    rollback generation ``e``."""
+    ms = getattr(controller, "memsnap", None)
+    if ms is not None:
+        ms.ns = e  # snapshots taken from here on are new keys, also for steps taken before
+
+    def load() -> int:
+        _apply_blob(blob, tracker, rank, rank)
+        return nbytes
+
+    replay_to(settings, tracker, controller, e, blob["position"], load, ev, who=f"rank {rank} rolling back",
+              live_msg=lambda n: live_msg)
+
+
+def replay_to(settings: Any, tracker: Any, controller: Any, e: int, pos: dict, load: Callable[[], int], ev: dict,
+              who: str, live_msg: Callable[[int], str]) -> None:
+    """Replay the script to boundary ``pos`` (``steps``, ``epoch``, ``batch``, ``boundary_seqs``
+    per process group in creation order, ``ddp_layouts``), every group joining process-group
+    epoch ``e`` at once and completing its collectives locally; there ``load()`` puts the state
+    in (returns its size, bytes), the groups go live at the boundary's sequence numbers and
+    ``ev`` (the report's event: ``live_t_ns``, ``state_bytes``, ``state_ms``, ``replay_ms`` added)
+    goes to the controller's events.  A failure exits through ``controller.exit_fn`` naming
+    ``who``."""
     from torch_hooks import pg
 
-    pos = blob["position"]
     seqs = list(pos.get("boundary_seqs") or [])
-    with tracker._lock:
+    with tracker._lock:  # the rank's step from now on (its proposal, should another rebuild come)
         tracker.steps = int(pos["steps"])
+    # DDP's constructor in the replay builds its reducer with the buckets the job uses now, not
+    # the first-iteration layout (torch/nn/parallel/distributed.py: bucketing is off for the
+    # first iteration, rebuilt after it in gradient order)
     tracker.ddp_layout_replay = [x for x in pos.get("ddp_layouts") or [] if x]
     created = [0]
     t_start = time.monotonic_ns()
@@ -406,40 +388,37 @@ def replay_part(settings: Any, tracker: Any, controller: Any, e: int, rank: int,
         i = created[0]
         created[0] += 1
         if i >= len(seqs):
-            controller.exit_fn(pg_exit_code(), f"rank {rank}: the script created more process groups ({i + 1}) than "
-                               f"it had at the snapshot ({len(seqs)}): cannot roll back")
+            controller.exit_fn(pg_exit_code(), f"{who}: the script created more process groups ({i + 1}) than there "
+                               f"were at the step boundary ({len(seqs)})")
         return e, seqs[i]
 
     pg._join_hook[0] = join
     controller.epoch = e
     controller.rail = settings.rail
     controller.handover_event = ev
-    ms = getattr(controller, "memsnap", None)
-    if ms is not None:
-        ms.ns = e  # snapshots taken from here on are new keys, also for steps taken before
 
     def on_live() -> None:
         t0 = time.monotonic_ns()
         try:
-            _apply_blob(blob, tracker, rank, rank)
+            nbytes = load()
         except Exception as ex:  # noqa: BLE001 - one exit path, never a traceback into the script
             from torch_hooks.controller import EXIT_REBUILD_FAILED
 
-            controller.exit_fn(EXIT_REBUILD_FAILED, f"rank {rank} cannot load its part of the in-memory snapshot: "
+            controller.exit_fn(EXIT_REBUILD_FAILED, f"{who}: the state cannot be loaded: "
                                f"{str(ex).splitlines()[0][:300] if str(ex) else type(ex).__name__}")
             return
         pg._join_hook[0] = None
         groups = controller.groups
         if len(groups) != len(seqs):
-            controller.exit_fn(pg_exit_code(), f"rank {rank}: {len(groups)} process groups now, {len(seqs)} at the "
-                               "snapshot: cannot roll back")
+            controller.exit_fn(pg_exit_code(), f"{who}: {len(groups)} process groups here, {len(seqs)} at the step "
+                               "boundary")
         for g, s in zip(groups, seqs):
             g.go_live(s)
         ev.update(live_t_ns=time.monotonic_ns(), state_bytes=nbytes, state_ms=round((time.monotonic_ns() - t0) / 1e6, 3),
-                  replay_ms=round((t0 - t_start) / 1e6, 3))
+                  replay_ms=round((t0 - (ev.get("assigned_t_ns") or t_start)) / 1e6, 3))
         controller.events.append(ev)
         controller._after_rebuild = ev
-        print(f"linkpass: {live_msg}", file=sys.stderr, flush=True)
+        print(f"linkpass: {live_msg(nbytes)}", file=sys.stderr, flush=True)
 
     tracker.fast_forward(pos.get("epoch"), int(pos.get("batch") or 0), on_live)
 
