@@ -224,3 +224,90 @@ def test_periodic_snapshots_at_multiples_of_the_interval(tmp_path):
     for s in range(1, 80):
         a.on_boundary(s)
     assert a.taken == [(f"p{s}", s, str(tmp_path)) for s in (25, 50, 75)]
+
+
+# --------------------------------------------------------------------------- resume (a part on disk, no job)
+
+
+class ResumeTracker:
+    """The part of the tracker :func:`snapshot.prepare_resume` uses."""
+
+    def __init__(self):
+        import threading
+
+        self._lock = threading.Lock()
+        self.steps, self.boundary_pos, self.epoch, self.batch = 0, {}, None, 0
+        self.ff = None
+        self.modules, self.optimizers, self.schedulers = [], [], []
+
+    def add_step_listener(self, fn):
+        pass
+
+    def fast_forward(self, epoch, batch, on_live):
+        self.ff = (epoch, batch, on_live)
+
+    def position(self):
+        return {"steps": self.steps, "epoch": self.epoch, "batch": self.batch, "known": True}
+
+    @contextlib.contextmanager
+    def muted(self):
+        yield
+
+
+def _real_snapshot(root: Path, step: int = 40, world: int = 1) -> Path:
+    """A complete snapshot whose parts are real DCP checkpoints of a small state dict."""
+    torch = pytest.importorskip("torch")
+    import torch.distributed.checkpoint as dcp
+
+    snapshot._quiet_dcp()
+    tmp = snapdir.tmp_path(root, step, f"p{step}")
+    for r in range(world):
+        rd = snapdir.rank_dir(tmp, r)
+        rd.mkdir(parents=True)
+        dcp.save({"model0": {"w": torch.arange(4096, dtype=torch.float32)}}, checkpoint_id=str(rd), no_dist=True)
+        snapshot._real_save({"step": step, "position": {"steps": step, "epoch": 1, "batch": 8}, "rng": None,
+                             "schedulers": []}, rd / snapdir.EXTRA)
+    final = snapdir.final_path(root, step)
+    snapdir.finalize(tmp, final, {"step": step, "world_size": world, "position_known": True})
+    return final
+
+
+def _settings(rank: int = 0, world: int = 1):
+    return SimpleNamespace(rank=rank, world_size=world, local_rank=rank)
+
+
+def test_a_script_that_ends_before_the_snapshots_batch_is_said_in_one_line(tmp_path):
+    snap = _real_snapshot(tmp_path)
+    t, holder = ResumeTracker(), SimpleNamespace()
+    snapshot.prepare_resume(_settings(), t, str(snap), lambda code, why: None, holder)
+    assert t.ff[:2] == (1, 8)
+    t.epoch, t.batch = 0, 0  # the script ran one epoch, the snapshot is in the second
+    msg = snapshot.resume_not_reached(holder)
+    assert msg and "\n" not in msg and str(snap) in msg, msg
+    assert "ended at epoch 0, batch 0" in msg and "snapshot's step 40 (epoch 1, batch 8)" in msg
+    assert snapshot.resume_not_reached(SimpleNamespace()) is None  # not a resume
+
+
+def test_a_cut_off_shard_is_refused_before_the_script_runs_naming_the_rank_file(tmp_path):
+    snap = _real_snapshot(tmp_path)
+    f = snapdir.rank_dir(snap, 0) / "__0_0.distcp"
+    f.write_bytes(f.read_bytes()[:1000])
+    with pytest.raises(snapshot.ResumeRefused) as ei:
+        snapshot.prepare_resume(_settings(), ResumeTracker(), str(snap), lambda code, why: None, SimpleNamespace())
+    msg = str(ei.value)
+    assert "\n" not in msg and str(snap) in msg and "rank-0/__0_0.distcp is cut off: 1000 bytes" in msg, msg
+
+
+def test_a_corrupt_shard_at_restore_is_one_line_and_exit_65_not_a_traceback(tmp_path, monkeypatch):
+    """DCP's CheckpointException derives from BaseException: the restore catches it too."""
+    torch = pytest.importorskip("torch")
+    snap = _real_snapshot(tmp_path)
+    t, exits = ResumeTracker(), []
+    snapshot.prepare_resume(_settings(), t, str(snap), lambda code, why: exits.append((code, why)), SimpleNamespace())
+    f = snapdir.rank_dir(snap, 0) / "__0_0.distcp"
+    f.write_bytes(b"\0" * f.stat().st_size)  # the same length: only the load finds it
+    monkeypatch.setattr(snapshot, "_state_dicts", lambda tr: {"model0": {"w": torch.zeros(4096)}})
+    t.ff[2]()  # the snapshot's batch: the restore
+    [(code, why)] = exits
+    assert code == snapshot.EXIT_RESUME == 65
+    assert "\n" not in why and str(snap) in why and "rank-0/__0_0.distcp cannot be loaded" in why, why
