@@ -110,8 +110,10 @@ def test_settings_from_the_environment(tmp_path):
             snapshot.SnapshotSettings(bad)
 
 
-def test_exec_takes_flags_over_the_environment_over_the_config(tmp_path):
+def test_exec_takes_flags_over_the_environment_over_the_config(tmp_path, monkeypatch):
     from linkpass.cli.nccl import _BadInput, snapshot_env
+
+    monkeypatch.chdir(tmp_path)
 
     cfg = SimpleNamespace(snapshot=SimpleNamespace(every_steps=100, dir=str(tmp_path / "cfg"), keep=5))
     none = argparse.Namespace(snapshot_every=None, snapshot_dir=None, snapshot_keep=None, resume=None)
@@ -311,3 +313,34 @@ def test_a_corrupt_shard_at_restore_is_one_line_and_exit_65_not_a_traceback(tmp_
     [(code, why)] = exits
     assert code == snapshot.EXIT_RESUME == 65
     assert "\n" not in why and str(snap) in why and "rank-0/__0_0.distcp cannot be loaded" in why, why
+
+
+def test_exec_checks_the_snapshot_dir_before_the_job_starts_naming_where_it_came_from(tmp_path, monkeypatch, capsys):
+    from linkpass.cli.nccl import _BadInput, snapshot_env
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "afile").write_text("")
+    ns = lambda **kw: argparse.Namespace(**{"snapshot_every": None, "snapshot_dir": None, "snapshot_keep": None,  # noqa: E731
+                                            "resume": None, "config": "c.toml", **kw})
+    with pytest.raises(_BadInput, match=r"^--snapshot-dir: .*/afile is not a directory$"):
+        snapshot_env(ns(snapshot_dir="afile"), None, {})
+    cfg = SimpleNamespace(snapshot=SimpleNamespace(every_steps=0, dir=str(tmp_path / "afile" / "sub"), keep=3))
+    with pytest.raises(_BadInput, match=r"^c.toml: snapshot.dir: .*afile/sub cannot be created"):
+        snapshot_env(ns(), cfg, {})
+    with pytest.raises(_BadInput, match=r"^LINKPASS_SNAPSHOT_DIR in the environment: .*afile is not a directory"):
+        snapshot_env(ns(), None, {"LINKPASS_SNAPSHOT_DIR": str(tmp_path / "afile")})
+    capsys.readouterr()
+    # a relative flag: from the current directory, made, and said
+    assert snapshot_env(ns(snapshot_dir="a/b"), None, {})["LINKPASS_SNAPSHOT_DIR"] == str(tmp_path / "a" / "b")
+    assert (tmp_path / "a" / "b").is_dir() and not list((tmp_path / "a" / "b").iterdir())
+    assert capsys.readouterr().err == f"linkpass exec: --snapshot-dir a/b is relative: snapshots go to {tmp_path / 'a' / 'b'}\n"
+
+
+def test_exec_refuses_absurd_snapshot_intervals_in_one_line(capsys):
+    from linkpass.cli.nccl import main
+
+    for flag, v in (("--snapshot-every", "1000000000000"), ("--snapshot-keep", "5000")):
+        with pytest.raises(SystemExit) as ei:
+            main(["exec", "--no-daemon", flag, v, "--", "true"])
+        err = capsys.readouterr().err
+        assert ei.value.code == 2 and err.count("\n") == 1 and flag in err and "is more than" in err, err
