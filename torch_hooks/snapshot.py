@@ -156,15 +156,7 @@ def _real_save(obj: Any, path: Path) -> None:
         os.fsync(f.fileno())
 
 
-def _tree_bytes(path: Path) -> int:
-    n = 0
-    for root, _dirs, files in os.walk(path):
-        for f in files:
-            try:
-                n += os.path.getsize(os.path.join(root, f))
-            except OSError:
-                pass
-    return n
+_tree_bytes = snapdir.tree_bytes
 
 
 class Snapshotter:

@@ -371,10 +371,14 @@ def snapshot_env(args, cfg, environ) -> dict[str, str]:
     if rel_note:
         print(rel_note, file=sys.stderr)
     if getattr(args, "resume", None):
+        skipped: list[str] = []
         try:
-            out["LINKPASS_RESUME"] = str(snapdir.resolve(args.resume).resolve())
+            snap = snapdir.resolve(args.resume, skipped)
         except snapdir.SnapshotError as e:
             raise _BadInput(f"--resume {e}") from None
+        for why in skipped:
+            print(f"linkpass exec: --resume {args.resume}: skipped {why}; using {snap.name}", file=sys.stderr)
+        out["LINKPASS_RESUME"] = str(snap.resolve())
     return out
 
 

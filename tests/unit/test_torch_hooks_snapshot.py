@@ -54,6 +54,55 @@ def test_a_damaged_snapshot_is_refused_in_one_line_naming_it(tmp_path, damage, m
     assert str(final) in str(ei.value) and "\n" not in str(ei.value)
 
 
+def _sized(root: Path, step: int, world: int = 2) -> Path:
+    """A complete snapshot whose manifest records each rank's part size, as the hook writes it."""
+    tmp = snapdir.tmp_path(root, step, f"p{step}")
+    _part(tmp, world)
+    ranks = {str(r): {"bytes": snapdir.tree_bytes(snapdir.rank_dir(tmp, r)), "ok": True} for r in range(world)}
+    final = snapdir.final_path(root, step)
+    snapdir.finalize(tmp, final, {"step": step, "world_size": world, "position_known": True, "ranks": ranks})
+    return final
+
+
+def test_a_part_cut_off_after_it_was_written_is_refused_naming_the_rank(tmp_path):
+    final = _sized(tmp_path, 10)
+    assert snapdir.read_manifest(final)["step"] == 10
+    (snapdir.rank_dir(final, 1) / snapdir.EXTRA).write_bytes(b"")  # cut off: 1 byte less
+    with pytest.raises(snapdir.SnapshotError, match=r"rank 1's part is 1 bytes, it was 2 when written \(rank-1 cut off") as ei:
+        snapdir.read_manifest(final)
+    assert str(ei.value).startswith(f"{final}: ") and "\n" not in str(ei.value)
+
+
+def test_a_corrupt_newest_snapshot_is_passed_over_saying_why(tmp_path):
+    old, mid, new = _sized(tmp_path, 10), _sized(tmp_path, 20), _sized(tmp_path, 30)
+    (snapdir.rank_dir(new, 1) / ".metadata").unlink()
+    (snapdir.rank_dir(mid, 0) / snapdir.EXTRA).write_bytes(b"")
+    skipped: list[str] = []
+    assert snapdir.resolve(tmp_path, skipped) == old
+    assert skipped == ["step-000000030: rank 1's part is missing (rank-1/.metadata or rank-1/extra.pt)",
+                       "step-000000020: rank 0's part is 1 bytes, it was 2 when written (rank-0 cut off or changed)"]
+    assert snapdir.resolve(tmp_path) == old  # no list: the same choice, said by the caller or not at all
+    (old / snapdir.MANIFEST).write_text("{")
+    with pytest.raises(snapdir.SnapshotError) as ei:
+        snapdir.resolve(tmp_path)
+    msg = str(ei.value)
+    assert msg.startswith(f"{tmp_path}: no usable snapshot in it (step-000000030: ") and "\n" not in msg, msg
+    assert "step-000000010: its snapshot.json cannot be read" in msg
+    # a snapshot named directly is never swapped for another
+    with pytest.raises(snapdir.SnapshotError, match="rank 1's part is missing"):
+        snapdir.resolve(new)
+
+
+def test_a_file_given_as_a_snapshot_is_not_a_directory(tmp_path):
+    f = tmp_path / "passwd"
+    f.write_text("root:x:0:0")
+    for fn in (snapdir.resolve, snapdir.read_manifest):
+        with pytest.raises(snapdir.SnapshotError, match=f"^{f}: is not a directory$"):
+            fn(f)
+    with pytest.raises(snapdir.SnapshotError, match="no such snapshot directory"):
+        snapdir.resolve(tmp_path / "nope")
+
+
 def test_a_tmp_dir_is_never_a_snapshot_nor_the_newest_of_a_directory(tmp_path):
     old = _complete(tmp_path, 10)
     tmp = snapdir.tmp_path(tmp_path, 20, "g1")
@@ -344,3 +393,14 @@ def test_exec_refuses_absurd_snapshot_intervals_in_one_line(capsys):
             main(["exec", "--no-daemon", flag, v, "--", "true"])
         err = capsys.readouterr().err
         assert ei.value.code == 2 and err.count("\n") == 1 and flag in err and "is more than" in err, err
+
+
+def test_exec_says_which_snapshot_it_passed_over(tmp_path, capsys):
+    from linkpass.cli.nccl import snapshot_env
+
+    old, new = _sized(tmp_path, 10), _sized(tmp_path, 20)
+    (snapdir.rank_dir(new, 0) / ".metadata").unlink()
+    res = argparse.Namespace(snapshot_every=None, snapshot_dir=None, snapshot_keep=None, resume=str(tmp_path))
+    assert snapshot_env(res, None, {})["LINKPASS_RESUME"] == str(old.resolve())
+    assert capsys.readouterr().err == (f"linkpass exec: --resume {tmp_path}: skipped step-000000020: rank 0's part is "
+                                       "missing (rank-0/.metadata or rank-0/extra.pt); using step-000000010\n")
