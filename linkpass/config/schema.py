@@ -309,13 +309,29 @@ class DeviceSection(_Strict):
     @field_validator("gpus")
     @classmethod
     def _bus_ids(cls, v: dict[str, int]) -> dict[str, int]:
-        out = {}
+        """Every bad entry in one message (``; ``-joined): keys that are not bus ids, indexes out
+        of range, one bus id spelled twice (case), one index given to two bus ids."""
+        out: dict[str, int] = {}
+        spelled: dict[str, str] = {}
+        owner: dict[int, str] = {}
+        bad = []
         for bus, idx in v.items():
             if not _PCI_BUS_ID.fullmatch(bus):
-                raise ValueError(f"key {_shown(bus)} is not a PCI bus id like \"0000:18:00.0\"")
+                bad.append(f"key {_shown(bus)} is not a PCI bus id like \"0000:18:00.0\"")
+                continue
             if not 0 <= idx < 1024:
-                raise ValueError(f"GPU index for {bus} must be in 0..1023, got {idx}")
-            out[bus.lower()] = idx
+                bad.append(f"GPU index for {bus} must be in 0..1023, got {idx}")
+                continue
+            key = bus.lower()
+            if key in spelled:
+                bad.append(f"{spelled[key]} and {bus} are the same bus id")
+                continue
+            if idx in owner:
+                bad.append(f"GPU index {idx} is given to both {owner[idx]} and {bus}")
+                continue
+            spelled[key], owner[idx], out[key] = bus, bus, idx
+        if bad:
+            raise ValueError("; ".join(bad))
         return out
 
 

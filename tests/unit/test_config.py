@@ -148,6 +148,18 @@ def test_snapshot_section_bounds_and_an_absolute_dir():
         parse_config(EXAMPLE + '\n[snapshot]\ndir = "snaps"\n', "x.toml")
 
 
+def test_gpu_map_reports_every_bad_entry_and_refuses_one_index_for_two_bus_ids():
+    text = EXAMPLE + ('\n[device.gpus]\n"18:00" = 0\n"zz" = 1\n"0000:19:00.0" = 5000\n"0000:1a:00.0" = 2\n'
+                      '"0000:1b:00.0" = 2\n"0000:1A:00.0" = 3\n')
+    with pytest.raises(ConfigError) as ei:
+        parse_config(text, "x.toml")
+    assert ei.value.problems == ['x.toml: device.gpus: key "18:00" is not a PCI bus id like "0000:18:00.0"; '
+                                 'key "zz" is not a PCI bus id like "0000:18:00.0"; '
+                                 "GPU index for 0000:19:00.0 must be in 0..1023, got 5000; "
+                                 "GPU index 2 is given to both 0000:1a:00.0 and 0000:1b:00.0; "
+                                 "0000:1a:00.0 and 0000:1A:00.0 are the same bus id"]
+
+
 def test_gpu_map_override_is_read_and_lowercased():
     cfg = parse_config(EXAMPLE + '\n[device.gpus]\n"0000:1A:00.0" = 2\n"00000000:1b:00.0" = 3\n', "x.toml")
     assert cfg.device.gpus == {"0000:1a:00.0": 2, "00000000:1b:00.0": 3}
