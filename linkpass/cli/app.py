@@ -81,13 +81,21 @@ def cmd_status(args) -> int:
 
 
 def cmd_drain(args) -> int:
-    """``linkpass drain RAIL`` / ``undrain RAIL``: exit 0 when the daemon took the request."""
+    """``linkpass drain RAIL`` / ``undrain RAIL``: exit 0 when the daemon took the request (also
+    for a rail already in the state asked for, said so); 2 for a rail the daemon's config does not
+    have; 1 for another refusal."""
     resp = _ask(args, args.command, rail=args.rail)
     if isinstance(resp, int):
         return resp
     if "error" in resp:
-        return _die(f"the daemon refused: {resp['error']}", 1)
-    print(f"rail {args.rail}: {args.command} requested (see `linkpass status`)")
+        return _die(f"the daemon refused: {resp['error']}", 2 if resp.get("bad_input") else 1)
+    was = resp.get("was_drained")
+    if args.command == "undrain" and was is False:
+        print(f"rail {args.rail}: not drained; nothing to undrain")
+    elif args.command == "drain" and was is True:
+        print(f"rail {args.rail}: already drained")
+    else:
+        print(f"rail {args.rail}: {args.command} requested (see `linkpass status`)")
     return 0
 
 
