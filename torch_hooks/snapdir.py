@@ -272,13 +272,21 @@ def lookup_job(job: str) -> dict:
         info = json.loads(f.read_text())
     except FileNotFoundError:
         known = known_jobs()
-        raise SnapshotError(f"no protected job {job!r} on this host (jobs started with linkpass exec here: "
-                            f"{', '.join(known) if known else 'none'}; registry {jobs_dir()})") from None
+        raise SnapshotError(f"no protected job {job!r} on this host: not running (it ended, or was not started with "
+                            f"linkpass exec here, or has not reached its first step yet; jobs started with linkpass exec "
+                            f"here: {', '.join(known) if known else 'none'}; registry {jobs_dir()})") from None
     except (OSError, ValueError) as e:
         raise SnapshotError(f"job {job!r}: its registry entry {f} cannot be read ({e})") from None
     pid = info.get("pid")
     if not isinstance(pid, int) or not _alive(pid):
-        raise SnapshotError(f"job {job!r} is not running (its registry entry names pid {pid}, which is gone)")
+        # a worker that was killed (or exited without its atexit) leaves its entry behind
+        try:
+            f.unlink()
+            gone = "; the stale entry is removed"
+        except OSError:
+            gone = ""
+        raise SnapshotError(f"job {job!r} is not running: its registry entry {f} is stale (pid {pid} is gone: the job "
+                            f"ended or was killed){gone}")
     return info
 
 

@@ -133,19 +133,23 @@ def test_cleanup_removes_partial_ones_up_to_the_step_and_keeps_the_newest(tmp_pa
 
 def test_the_job_registry_finds_a_running_job_and_says_which_are_known(tmp_path, monkeypatch):
     monkeypatch.setenv("LINKPASS_JOBS_DIR", str(tmp_path / "jobs"))
-    with pytest.raises(snapdir.SnapshotError, match="no protected job 'j1' on this host .*none"):
+    with pytest.raises(snapdir.SnapshotError, match="no protected job 'j1' on this host: not running .*here: none"):
         snapdir.lookup_job("j1")
     snapdir.register_job({"job": "j1", "store": "10.0.0.1:29500", "pid": os.getpid()})
     assert snapdir.lookup_job("j1")["store"] == "10.0.0.1:29500"
     with pytest.raises(snapdir.SnapshotError, match=r"known.*j1|here: j1"):
         snapdir.lookup_job("j2")
     snapdir.register_job({"job": "gone", "store": "x:1", "pid": 2 ** 22 + 12345})
-    with pytest.raises(snapdir.SnapshotError, match="is not running"):
+    with pytest.raises(snapdir.SnapshotError, match=r"^job 'gone' is not running: its registry entry .*gone.json is "
+                       r"stale \(pid 4206649 is gone: the job ended or was killed\); the stale entry is removed$"):
+        snapdir.lookup_job("gone")
+    assert snapdir.known_jobs() == ["j1"]
+    with pytest.raises(snapdir.SnapshotError, match="no protected job 'gone' on this host: not running"):
         snapdir.lookup_job("gone")
     snapdir.unregister_job("j1", os.getpid() + 1)  # not the writer: kept
-    assert snapdir.known_jobs() == ["gone", "j1"]
+    assert snapdir.known_jobs() == ["j1"]
     snapdir.unregister_job("j1", os.getpid())
-    assert snapdir.known_jobs() == ["gone"]
+    assert snapdir.known_jobs() == []
 
 
 def test_settings_from_the_environment(tmp_path):
