@@ -291,7 +291,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "rank), device-fault (Xid 79 on one rank's GPU: a warm spare takes the rank), snapshot (a snapshot of the "
                    "running job, then a fresh run resumed from it with linkpass exec --resume). rebuild / "
                    "guard-device-fault: the same with the explicit LinkPassGuard API (linkpass.lab.demo_train)")
-    d.add_argument("--script", metavar="FILE", help="the training script for rail / rail-latched / device-fault "
+    d.add_argument("--script", metavar="FILE", help="the training script for rail / rail-latched / device-fault / snapshot "
                    "(default examples/ddp_train.py); run unchanged, one worker per host")
     d.add_argument("--script-args", metavar="ARGS", default=None,
                    help="arguments for --script, one string (default for the example: %r)" % "--epochs 3 --samples 16384 "
