@@ -297,6 +297,7 @@ class Daemon:
         self._tuned: set[str] = set()
         self.reload_error: str | None = None
         self.control_bad_requests = 0  # control requests answered with {"error": ...}
+        self._drain_asked: dict[int, bool] = {}  # rail -> the operator's last drain (True) / undrain request
         self.dispatch_errors: Counter[str] = Counter()  # action type name -> handler failures
         self.handlers = self._handlers()
         self._bad_request_warn = _Throttle(BAD_REQUEST_WARN_INTERVAL_NS)
@@ -623,17 +624,26 @@ class Daemon:
         """``{"cmd": "drain" | "undrain", "rail": ID}``: an operator takes a configured rail out of
         use (DRAINED: routes and notices leave it) or gives it back (through hold-down).  Posted
         as a :class:`Drain` event; the reply says it was accepted, ``linkpass status`` shows the
-        result."""
+        result.  ``was_drained``: whether the rail was drained (or its drain was asked for and not
+        yet handled) when the request came, so ``linkpass undrain`` can say a rail was not
+        drained.  A refusal is ``{"error", "bad_input": true}`` (a rail id the config lacks)."""
+        from linkpass.core.health import RailState
+
         cmd = "drain" if drain else "undrain"
         rail = req.get("rail")
         ids = sorted(r.id for r in self.cfg.rails)
         if isinstance(rail, bool) or not isinstance(rail, int):
-            return {"error": f"{cmd}: \"rail\" must be a rail id (one of {ids}), got {type(rail).__name__}"}
+            return {"error": f"{cmd}: \"rail\" must be a rail id (one of {ids}), got {type(rail).__name__}",
+                    "bad_input": True}
         if rail not in ids:
-            return {"error": f"{cmd}: no rail {rail} in this daemon's config (rails: {ids})"}
+            return {"error": f"{cmd}: no rail {rail} in this daemon's config (rails: {ids})", "bad_input": True}
+        h = self.engine.rails.get(rail)
+        # the last request decides where the rail ends up, even while its event is still queued
+        was = self._drain_asked.get(rail, h is not None and h.state == RailState.DRAINED)
+        self._drain_asked[rail] = drain
         self.queue.put_nowait(Drain(rail, drain, time.monotonic_ns()))
         log.warning("control socket: operator %s rail %d", "drains" if drain else "undrains", rail)
-        return {"ok": True, "cmd": cmd, "rail": rail}
+        return {"ok": True, "cmd": cmd, "rail": rail, "was_drained": was}
 
     def _bad_request(self, why: str) -> None:
         """Count a bad control request; one warning line, rate limited (see :class:`_Throttle`)."""

@@ -198,6 +198,26 @@ def _at_exit() -> None:
 
             handover.retire_spares(ctl._kv, ctl.spares)
         ctl.close()
+    _exit_if_resume_not_reached(sn)
+
+
+def _exit_if_resume_not_reached(sn) -> None:
+    """A ``--resume`` run whose script ended before the snapshot's batch exits
+    :data:`torch_hooks.snapshot.EXIT_RESUME` with one line (rank 0 / each host's local rank 0
+    says it), unless the script itself failed (its own exit status and traceback stand)."""
+    if sn is None or getattr(sys, "last_value", None) is not None:
+        return
+    from torch_hooks import snapshot
+
+    msg = snapshot.resume_not_reached(sn)
+    if msg is None:
+        return
+    s = _state.get("settings")
+    if s is None or s.rank == 0 or s.local_rank in (0, None):
+        _say(f"rank {s.rank if s else '?'}: {msg}; exiting with status {snapshot.EXIT_RESUME}")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(snapshot.EXIT_RESUME)
 
 
 def write_report() -> None:

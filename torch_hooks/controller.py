@@ -728,7 +728,8 @@ def netdev_down(netdev: str | None) -> bool:
 
 def _default_exit(code: int, reason: str) -> None:
     msg = f"linkpass: {reason}; exiting with status {code}"
-    log.error("%s", msg)
+    if log.hasHandlers():  # else logging's last-resort handler would print the line a second time
+        log.error("%s", msg)
     print(msg, file=sys.stderr, flush=True)
     for h in logging.getLogger().handlers:
         try:

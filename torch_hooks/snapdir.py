@@ -117,7 +117,7 @@ def read_manifest(snap: str | os.PathLike) -> dict:
     """
     p = Path(snap)
     if not p.is_dir():
-        raise SnapshotError(f"{p}: no such snapshot directory")
+        raise SnapshotError(f"{p}: {'is not a directory' if p.exists() else 'no such snapshot directory'}")
     if not (p / MARKER).is_file():
         why = "a snapshot still being written or cut off" if _TMP.match(p.name) or (p / MANIFEST).exists() else \
             "not a snapshot directory"
@@ -129,23 +129,46 @@ def read_manifest(snap: str | os.PathLike) -> dict:
     if not isinstance(m, dict) or m.get("format") != FORMAT or not isinstance(m.get("world_size"), int) \
             or not isinstance(m.get("step"), int):
         raise SnapshotError(f"{p}: {MANIFEST} is not a linkpass snapshot manifest of format {FORMAT}")
+    ranks = m.get("ranks") if isinstance(m.get("ranks"), dict) else {}
     for r in range(m["world_size"]):
         d = rank_dir(p, r)
         if not (d / ".metadata").is_file() or not (d / EXTRA).is_file():
             raise SnapshotError(f"{p}: rank {r}'s part is missing ({d.name}/.metadata or {d.name}/{EXTRA})")
+        want = ranks.get(str(r), {}).get("bytes") if isinstance(ranks.get(str(r)), dict) else None
+        if isinstance(want, int) and not isinstance(want, bool):
+            got = tree_bytes(d)
+            if got != want:
+                raise SnapshotError(f"{p}: rank {r}'s part is {got} bytes, it was {want} when written ({d.name} cut off "
+                                    "or changed)")
     return m
 
 
-def resolve(path: str | os.PathLike) -> Path:
+def tree_bytes(path: str | os.PathLike) -> int:
+    """The sizes of the files under ``path`` added up (bytes; unreadable entries count 0): what a
+    manifest records of each rank's part (``ranks.R.bytes``)."""
+    n = 0
+    for root, _dirs, files in os.walk(path):
+        for f in files:
+            try:
+                n += os.path.getsize(os.path.join(root, f))
+            except OSError:
+                pass
+    return n
+
+
+def resolve(path: str | os.PathLike, skipped: list[str] | None = None) -> Path:
     """``path`` itself when it is a snapshot (``step-S``), else the newest complete snapshot in it
-    (a snapshots directory, as ``[snapshot] dir`` / ``LINKPASS_SNAPSHOT_DIR`` name it).
+    (a snapshots directory, as ``[snapshot] dir`` / ``LINKPASS_SNAPSHOT_DIR`` name it) that
+    :func:`read_manifest` accepts: newer complete ones that it refuses (a part missing or cut
+    off, an unreadable manifest) are passed over, each appended to ``skipped`` as one line
+    ``"step-S: why"``.
 
     Raises:
-        SnapshotError: as :func:`read_manifest`, or a directory holding no complete snapshot.
+        SnapshotError: as :func:`read_manifest`, or a directory holding no usable snapshot.
     """
     p = Path(path)
     if not p.is_dir():
-        raise SnapshotError(f"{p}: no such snapshot directory")
+        raise SnapshotError(f"{p}: {'is not a directory' if p.exists() else 'no such snapshot directory'}")
     if (p / MARKER).exists() or (p / MANIFEST).exists() or _FINAL.match(p.name) or _TMP.match(p.name):
         read_manifest(p)
         return p
@@ -154,8 +177,19 @@ def resolve(path: str | os.PathLike) -> Path:
         partial = [c.name for c in p.iterdir() if _FINAL.match(c.name) or _TMP.match(c.name)]
         raise SnapshotError(f"{p}: no complete snapshot in it" + (f" (only partial ones: {', '.join(sorted(partial)[:3])})"
                                                                    if partial else ""))
-    read_manifest(done[-1])
-    return done[-1]
+    refused = []
+    for c in reversed(done):
+        try:
+            read_manifest(c)
+        except SnapshotError as e:
+            why = str(e)
+            refused.append(f"{c.name}: {why[len(str(c)) + 2:] if why.startswith(f'{c}: ') else why}")
+            continue
+        if skipped is not None:
+            skipped.extend(refused)
+        return c
+    more = f"; and {len(refused) - 3} more" if len(refused) > 3 else ""
+    raise SnapshotError(f"{p}: no usable snapshot in it ({'; '.join(refused[:3])}{more})")
 
 
 def cleanup(root: str | os.PathLike, upto_step: int, keep: int, active: Path | None = None) -> list[str]:
@@ -238,13 +272,21 @@ def lookup_job(job: str) -> dict:
         info = json.loads(f.read_text())
     except FileNotFoundError:
         known = known_jobs()
-        raise SnapshotError(f"no protected job {job!r} on this host (jobs started with linkpass exec here: "
-                            f"{', '.join(known) if known else 'none'}; registry {jobs_dir()})") from None
+        raise SnapshotError(f"no protected job {job!r} on this host: not running (it ended, or was not started with "
+                            f"linkpass exec here, or has not reached its first step yet; jobs started with linkpass exec "
+                            f"here: {', '.join(known) if known else 'none'}; registry {jobs_dir()})") from None
     except (OSError, ValueError) as e:
         raise SnapshotError(f"job {job!r}: its registry entry {f} cannot be read ({e})") from None
     pid = info.get("pid")
     if not isinstance(pid, int) or not _alive(pid):
-        raise SnapshotError(f"job {job!r} is not running (its registry entry names pid {pid}, which is gone)")
+        # a worker that was killed (or exited without its atexit) leaves its entry behind
+        try:
+            f.unlink()
+            gone = "; the stale entry is removed"
+        except OSError:
+            gone = ""
+        raise SnapshotError(f"job {job!r} is not running: its registry entry {f} is stale (pid {pid} is gone: the job "
+                            f"ended or was killed){gone}")
     return info
 
 

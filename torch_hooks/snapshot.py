@@ -156,15 +156,7 @@ def _real_save(obj: Any, path: Path) -> None:
         os.fsync(f.fileno())
 
 
-def _tree_bytes(path: Path) -> int:
-    n = 0
-    for root, _dirs, files in os.walk(path):
-        for f in files:
-            try:
-                n += os.path.getsize(os.path.join(root, f))
-            except OSError:
-                pass
-    return n
+_tree_bytes = snapdir.tree_bytes
 
 
 class Snapshotter:
@@ -476,6 +468,9 @@ def prepare_resume(settings: Any, tracker: Any, path: str, exit_fn, holder: Any 
             extra = torch.load(io.BytesIO(f.read()), map_location="cpu", weights_only=False)
     except Exception as e:  # noqa: BLE001 - one line
         raise ResumeRefused(f"--resume {snap}: rank {settings.rank}'s part cannot be read ({e})") from None
+    bad = part_files_problem(rd)
+    if bad:
+        raise ResumeRefused(f"--resume {snap}: {bad}")
     pos = extra["position"]
     step = int(extra["step"])
     with tracker._lock:
@@ -501,10 +496,9 @@ def prepare_resume(settings: Any, tracker: Any, path: str, exit_fn, holder: Any 
                 holder.resume_event = ev
             if want and got != want:
                 raise RuntimeError(f"the restored weights (sha256 {got[:12]}...) are not the snapshot's ({want[:12]}...)")
-        except Exception as ex:  # noqa: BLE001 - one exit path, never a traceback into the script
+        except _restore_errors() as ex:  # one exit path, never a traceback into the script
             log.debug("restore failed", exc_info=True)
-            exit_fn(EXIT_RESUME, f"rank {settings.rank}: cannot restore from {snap}: "
-                    f"{str(ex).splitlines()[0][:300] if str(ex) else type(ex).__name__}")
+            exit_fn(EXIT_RESUME, f"rank {settings.rank}: cannot restore from {snap}: {restore_failure(ex, rd)}")
             return
         state["done"] = True
         if settings.rank == 0 or settings.local_rank in (0, None):
@@ -515,9 +509,84 @@ def prepare_resume(settings: Any, tracker: Any, path: str, exit_fn, holder: Any 
             exit_fn(EXIT_RESUME, f"rank {settings.rank}: the script stepped its optimizer before reaching the snapshot's "
                     f"batch (epoch {pos.get('epoch')}, batch {pos.get('batch')}); it does not run as the snapshotted job did")
 
+    def not_reached() -> str | None:
+        if state["done"]:
+            return None
+        now = tracker.position()
+        return (f"--resume {snap}: the script ended at epoch {now['epoch']}, batch {now['batch']} (its last position) "
+                f"without reaching the snapshot's step {step} (epoch {pos.get('epoch')}, batch {pos.get('batch')}): "
+                "nothing was restored or trained (fewer epochs or samples than the snapshotted run?)")
+
     tracker.add_step_listener(on_step)
     tracker.fast_forward(pos.get("epoch"), int(pos.get("batch") or 0), on_live)
+    if holder is not None:
+        holder.resume_not_reached = not_reached
     return m
+
+
+def resume_not_reached(holder: Any) -> str | None:
+    """At the script's end: one line when ``holder`` (a :class:`Snapshotter` given to
+    :func:`prepare_resume`) was to restore a snapshot and the script never reached its batch
+    (it ran fewer epochs, steps or samples than the snapshotted run), else None.  The worker then
+    exits :data:`EXIT_RESUME`: a run that restored nothing and trained nothing is not a success."""
+    fn = getattr(holder, "resume_not_reached", None)
+    return fn() if callable(fn) else None
+
+
+def _restore_errors() -> tuple:
+    """What a restore may raise: DCP's ``CheckpointException`` derives from ``BaseException``
+    (torch/distributed/checkpoint/api.py), so ``except Exception`` alone misses a cut-off shard."""
+    try:
+        from torch.distributed.checkpoint.api import CheckpointException
+    except ImportError:
+        return (Exception,)
+    return (Exception, CheckpointException)
+
+
+def restore_failure(ex: BaseException, rd: Path) -> str:
+    """One line for a failed restore of the part in ``rd``: the part's files with what is wrong
+    with them (:func:`part_files_problem`) when that explains it, else the error's first line
+    (for a ``CheckpointException``, the first rank's underlying error rather than its
+    multi-line, traceback-carrying text)."""
+    bad = part_files_problem(rd)
+    if bad:
+        return bad
+    cause = ex
+    failures = getattr(ex, "failures", None)
+    if isinstance(failures, dict) and failures:
+        first = next(iter(failures.values()))
+        cause = first[0] if isinstance(first, tuple) and first and isinstance(first[0], BaseException) else cause
+    text = str(cause).strip().splitlines()[0][:300] if str(cause).strip() else type(cause).__name__
+    files = sorted(p.name for p in rd.glob("*.distcp"))
+    where = f"{rd.name}/{files[0]}" if len(files) == 1 else f"{rd.name}/{{{','.join(files)}}}" if files else rd.name
+    return f"{where} cannot be loaded: {type(cause).__name__}: {text}"
+
+
+def part_files_problem(rd: Path) -> str | None:
+    """One line when a file of the DCP part in ``rd`` is missing or shorter than its
+    ``.metadata`` says (a cut-off copy or a full disk), naming ``rank-R/FILE``; None when every
+    file is long enough (the contents are not checked: DCP has no checksums) or the metadata
+    cannot be read (then ``dcp.load`` says why)."""
+    try:
+        from torch.distributed.checkpoint import FileSystemReader
+
+        storage = FileSystemReader(str(rd)).read_metadata().storage_data
+    except Exception:  # noqa: BLE001 - the load says it
+        return None
+    need: dict[str, int] = {}
+    for info in (storage or {}).values():
+        rel = getattr(info, "relative_path", None)
+        if rel is not None:
+            need[rel] = max(need.get(rel, 0), int(info.offset) + int(info.length))
+    for rel, n in sorted(need.items()):
+        f = rd / rel
+        try:
+            size = f.stat().st_size
+        except OSError:
+            return f"{rd.name}/{rel} is missing (the part's .metadata names it)"
+        if size < n:
+            return f"{rd.name}/{rel} is cut off: {size} bytes, the part's .metadata needs {n}"
+    return None
 
 
 def _restore(tracker: Any, rd: Path, extra: dict) -> None:

@@ -81,13 +81,21 @@ def cmd_status(args) -> int:
 
 
 def cmd_drain(args) -> int:
-    """``linkpass drain RAIL`` / ``undrain RAIL``: exit 0 when the daemon took the request."""
+    """``linkpass drain RAIL`` / ``undrain RAIL``: exit 0 when the daemon took the request (also
+    for a rail already in the state asked for, said so); 2 for a rail the daemon's config does not
+    have; 1 for another refusal."""
     resp = _ask(args, args.command, rail=args.rail)
     if isinstance(resp, int):
         return resp
     if "error" in resp:
-        return _die(f"the daemon refused: {resp['error']}", 1)
-    print(f"rail {args.rail}: {args.command} requested (see `linkpass status`)")
+        return _die(f"the daemon refused: {resp['error']}", 2 if resp.get("bad_input") else 1)
+    was = resp.get("was_drained")
+    if args.command == "undrain" and was is False:
+        print(f"rail {args.rail}: not drained; nothing to undrain")
+    elif args.command == "drain" and was is True:
+        print(f"rail {args.rail}: already drained")
+    else:
+        print(f"rail {args.rail}: {args.command} requested (see `linkpass status`)")
     return 0
 
 
@@ -283,7 +291,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "rank), device-fault (Xid 79 on one rank's GPU: a warm spare takes the rank), snapshot (a snapshot of the "
                    "running job, then a fresh run resumed from it with linkpass exec --resume). rebuild / "
                    "guard-device-fault: the same with the explicit LinkPassGuard API (linkpass.lab.demo_train)")
-    d.add_argument("--script", metavar="FILE", help="the training script for rail / rail-latched / device-fault "
+    d.add_argument("--script", metavar="FILE", help="the training script for rail / rail-latched / device-fault / snapshot "
                    "(default examples/ddp_train.py); run unchanged, one worker per host")
     d.add_argument("--script-args", metavar="ARGS", default=None,
                    help="arguments for --script, one string (default for the example: %r)" % "--epochs 3 --samples 16384 "

@@ -326,35 +326,99 @@ def snapshot_env(args, cfg, environ) -> dict[str, str]:
     environment's own, else the config's ``[snapshot]``; ``LINKPASS_RESUME`` from ``--resume``
     (checked here: a complete snapshot; the newest complete one of a snapshots directory).
 
+    The snapshot directory, wherever it comes from, is checked before the job starts
+    (:func:`snapshot_dir_problem`); a relative ``--snapshot-dir`` is taken from the current
+    directory and stderr says where that is (the config refuses a relative ``dir``).
+
     Raises:
-        _BadInput: ``--resume`` on a missing or partial snapshot (one line).
+        _BadInput: ``--resume`` on a missing or partial snapshot, a snapshot directory that is a
+            file or cannot be made or written (one line naming where it came from).
     """
     from torch_hooks import snapdir
 
     out: dict[str, str] = {}
     sec = getattr(cfg, "snapshot", None)
+    dir_from = rel_note = None
     for var, flag, opt in (("LINKPASS_SNAPSHOT_EVERY", "snapshot_every", "every_steps"),
                            ("LINKPASS_SNAPSHOT_DIR", "snapshot_dir", "dir"),
                            ("LINKPASS_SNAPSHOT_KEEP", "snapshot_keep", "keep"),
                            ("LINKPASS_SNAPSHOT_IN_MEMORY", "snapshot_in_memory", "in_memory"),
                            ("LINKPASS_SNAPSHOT_MEMORY_EVERY", "snapshot_memory_every", "memory_every_steps")):
         v = getattr(args, flag, None)
+        src = f"--{flag.replace('_', '-')}"
         if v is None and not environ.get(var) and sec is not None and getattr(sec, opt, None) not in ("", None):
             v = getattr(sec, opt)
+            src = f"{getattr(args, 'config', None) or 'the config'}: snapshot.{opt}"
         if isinstance(v, bool):
             v = "1" if v else "0"
         if v is not None:
-            out[var] = os.path.abspath(v) if var == "LINKPASS_SNAPSHOT_DIR" else str(v)
+            if var == "LINKPASS_SNAPSHOT_DIR":
+                dir_from = src
+                if not os.path.isabs(v):  # said once the directory is known to be usable
+                    rel_note = f"linkpass exec: {src} {v} is relative: snapshots go to {os.path.abspath(v)}"
+                v = os.path.abspath(v)
+            out[var] = str(v)
     if out.get("LINKPASS_SNAPSHOT_IN_MEMORY") == "0":
         del out["LINKPASS_SNAPSHOT_IN_MEMORY"]
     if "LINKPASS_SNAPSHOT_IN_MEMORY" not in out and environ.get("LINKPASS_SNAPSHOT_IN_MEMORY", "") not in ("1", "true", "yes"):
         out.pop("LINKPASS_SNAPSHOT_MEMORY_EVERY", None)  # the interval of something off
+    if dir_from is None and environ.get("LINKPASS_SNAPSHOT_DIR"):
+        dir_from = "LINKPASS_SNAPSHOT_DIR in the environment"
+    if dir_from is not None:
+        why = snapshot_dir_problem(out.get("LINKPASS_SNAPSHOT_DIR") or os.path.abspath(environ["LINKPASS_SNAPSHOT_DIR"]))
+        if why:
+            raise _BadInput(f"{dir_from}: {why}")
+    if rel_note:
+        print(rel_note, file=sys.stderr)
     if getattr(args, "resume", None):
+        skipped: list[str] = []
         try:
-            out["LINKPASS_RESUME"] = str(snapdir.resolve(args.resume).resolve())
+            snap = snapdir.resolve(args.resume, skipped)
         except snapdir.SnapshotError as e:
             raise _BadInput(f"--resume {e}") from None
+        for why in skipped:
+            print(f"linkpass exec: --resume {args.resume}: skipped {why}; using {snap.name}", file=sys.stderr)
+        out["LINKPASS_RESUME"] = str(snap.resolve())
     return out
+
+
+def snapshot_dir_problem(path: str) -> str | None:
+    """Why snapshots cannot be written under ``path`` (absolute), one line naming it; None when
+    they can: it is a directory (made, with its parents, when missing) in which a file can be
+    created (one is created and removed)."""
+    import tempfile
+
+    p = Path(path)
+    if p.exists() and not p.is_dir():
+        return f"{p} is not a directory"
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        return f"{p} cannot be created ({e.strerror or e})"
+    try:
+        with tempfile.NamedTemporaryFile(dir=p, prefix=".linkpass-write-test-"):
+            pass
+    except OSError as e:
+        return f"{p} is not writable ({e.strerror or e})"
+    return None
+
+
+def _steps(text: str) -> int:
+    from linkpass.config.schema import SNAPSHOT_MAX_EVERY_STEPS
+
+    v = _nonneg(text)
+    if v > SNAPSHOT_MAX_EVERY_STEPS:
+        raise argparse.ArgumentTypeError(f"{v} is more than {SNAPSHOT_MAX_EVERY_STEPS} steps (0: only on request)")
+    return v
+
+
+def _keep(text: str) -> int:
+    from linkpass.config.schema import SNAPSHOT_MAX_KEEP
+
+    v = _nonneg(text)
+    if v > SNAPSHOT_MAX_KEEP:
+        raise argparse.ArgumentTypeError(f"{v} is more than {SNAPSHOT_MAX_KEEP} (0: keep all)")
+    return v
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -396,10 +460,11 @@ def register(subparsers) -> None:
                    help="gloo behaves as NCCL does: no in-process rail change, a spare takes the rank (for tests and demos)")
     e.add_argument("--resume", metavar="DIR", help="every rank restores from this snapshot (or the newest complete one "
                    "in this snapshots directory) before the script's first step, and the script runs on from there")
-    e.add_argument("--snapshot-every", type=_nonneg, metavar="N", help="a snapshot after every N optimizer steps "
+    e.add_argument("--snapshot-every", type=_steps, metavar="N", help="a snapshot after every N optimizer steps "
                    "(default: [snapshot] every_steps; 0: only on request)")
-    e.add_argument("--snapshot-dir", metavar="DIR", help="where snapshots go (default: [snapshot] dir)")
-    e.add_argument("--snapshot-keep", type=_nonneg, metavar="N", help="complete snapshots kept (default: [snapshot] keep)")
+    e.add_argument("--snapshot-dir", metavar="DIR", help="where snapshots go (default: [snapshot] dir); made when "
+                   "missing and checked writable before CMD starts; a relative DIR is taken from the current directory")
+    e.add_argument("--snapshot-keep", type=_keep, metavar="N", help="complete snapshots kept (default: [snapshot] keep)")
     e.add_argument("--snapshot-in-memory", action="store_true", default=None,
                    help="each rank keeps its part of the last in-memory snapshot in host memory and a copy on a peer "
                    "host, so a sharded (FSDP2) rank whose GPU fails goes to a spare and the job redoes only the steps "

@@ -242,16 +242,27 @@ class HooksSection(_Strict):
     max_clients: StrictInt = Field(1024, ge=1, le=65536, description="Connections beyond this are refused.")
 
 
+#: ``[snapshot] every_steps`` and ``--snapshot-every`` at most: ten million optimizer steps, beyond
+#: the longest training runs (an interval no run reaches is "never", and 0 says that)
+SNAPSHOT_MAX_EVERY_STEPS = 10_000_000
+#: ``[snapshot] keep`` and ``--snapshot-keep`` at most (each one is a full copy of the job's state)
+SNAPSHOT_MAX_KEEP = 1000
+
+
 class SnapshotSection(_Strict):
     """The ``[snapshot]`` table: step-aligned snapshots the torch hook takes of a job started with
     ``linkpass exec --config`` (``torch_hooks/snapshot.py``).  The daemon does not read it:
-    ``linkpass exec`` passes it to the hook as ``LINKPASS_SNAPSHOT_EVERY``/``_DIR``/``_KEEP``."""
+    ``linkpass exec`` passes it to the hook as ``LINKPASS_SNAPSHOT_EVERY``/``_DIR``/``_KEEP``, and
+    checks ``dir`` (a directory, or one it can create, that it can write) before it starts the job."""
 
-    every_steps: StrictInt = Field(0, ge=0, description="A snapshot after every this many optimizer steps (0: only "
-                                   "on request, `linkpass snapshot --job JOB`).")
-    dir: str = Field("", description="Where snapshots go; a directory every host of the job sees (a shared file "
-                     "system). Empty: linkpass-snapshots in each worker's working directory.")
-    keep: StrictInt = Field(3, ge=0, description="Complete snapshots kept in dir (the newest; 0: all).")
+    every_steps: StrictInt = Field(0, ge=0, le=SNAPSHOT_MAX_EVERY_STEPS, description="A snapshot after every this many "
+                                   "optimizer steps (0: only on request, `linkpass snapshot --job JOB`; at most "
+                                   f"{SNAPSHOT_MAX_EVERY_STEPS}).")
+    dir: str = Field("", description="Where snapshots go: an absolute path (a config file is read from any working "
+                     "directory), a directory every host of the job sees (a shared file system). Empty: "
+                     "linkpass-snapshots in each worker's working directory.")
+    keep: StrictInt = Field(3, ge=0, le=SNAPSHOT_MAX_KEEP, description="Complete snapshots kept in dir (the newest; 0: "
+                            f"all; at most {SNAPSHOT_MAX_KEEP}).")
     in_memory: StrictBool = Field(False, description="In-memory snapshots (torch_hooks/memsnap.py): each rank keeps "
                                   "its part of the newest two in host memory (tmpfs) and a copy on a peer host, so a "
                                   "sharded (FSDP2) rank whose GPU fails goes to a warm spare and the job redoes only the "
@@ -259,6 +270,16 @@ class SnapshotSection(_Strict):
     memory_every_steps: StrictInt = Field(10, ge=1, le=10_000_000, description="An in-memory snapshot after every "
                                           "this many optimizer steps (each costs a copy of the rank's state to CPU "
                                           "memory at the step boundary).")
+
+    @field_validator("dir")
+    @classmethod
+    def _absolute(cls, v: str) -> str:
+        if v and not v.strip():
+            raise ValueError(f"must be a path, got {_shown(v)}")
+        if v and not os.path.isabs(v):
+            raise ValueError(f"must be an absolute path (a relative one would depend on the directory linkpass exec "
+                             f"runs in), got {_shown(v)}")
+        return v
 
 
 #: domain:bus:device.function as lspci -D and NVML print it (domain 4 to 8 hex digits).
@@ -288,13 +309,29 @@ class DeviceSection(_Strict):
     @field_validator("gpus")
     @classmethod
     def _bus_ids(cls, v: dict[str, int]) -> dict[str, int]:
-        out = {}
+        """Every bad entry in one message (``; ``-joined): keys that are not bus ids, indexes out
+        of range, one bus id spelled twice (case), one index given to two bus ids."""
+        out: dict[str, int] = {}
+        spelled: dict[str, str] = {}
+        owner: dict[int, str] = {}
+        bad = []
         for bus, idx in v.items():
             if not _PCI_BUS_ID.fullmatch(bus):
-                raise ValueError(f"key {_shown(bus)} is not a PCI bus id like \"0000:18:00.0\"")
+                bad.append(f"key {_shown(bus)} is not a PCI bus id like \"0000:18:00.0\"")
+                continue
             if not 0 <= idx < 1024:
-                raise ValueError(f"GPU index for {bus} must be in 0..1023, got {idx}")
-            out[bus.lower()] = idx
+                bad.append(f"GPU index for {bus} must be in 0..1023, got {idx}")
+                continue
+            key = bus.lower()
+            if key in spelled:
+                bad.append(f"{spelled[key]} and {bus} are the same bus id")
+                continue
+            if idx in owner:
+                bad.append(f"GPU index {idx} is given to both {owner[idx]} and {bus}")
+                continue
+            spelled[key], owner[idx], out[key] = bus, bus, idx
+        if bad:
+            raise ValueError("; ".join(bad))
         return out
 
 

@@ -183,7 +183,7 @@ class ScriptDemo(RebuildDemo):
 
     def run(self) -> dict:
         self.start()
-        self.log(f"reference run: {Path(self.script).name} {' '.join(self.script_args)} under linkpass exec + torchrun, "
+        self.log(f"reference run: {' '.join([Path(self.script).name, *self.script_args])} under linkpass exec + torchrun, "
                  "no fault")
         self._launch("reference", 29500)
         ref = self._wait_all("reference")

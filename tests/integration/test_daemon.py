@@ -219,7 +219,7 @@ def test_drain_cli_moves_traffic_off_the_rail_and_undrain_brings_it_back(cluster
     wait_for(lambda: c.route_rails(1, 0) == [1], what="h1 follows h0's notice")
     assert c.status(0)["dispatch_errors"] == {}
     bad = sh(sys.executable, "-m", "linkpass.cli", "drain", "7", "--config", cfg, check=False)
-    assert bad.returncode == 1 and "no rail 7" in bad.stderr and "Traceback" not in bad.stderr
+    assert bad.returncode == 2 and "no rail 7" in bad.stderr and "Traceback" not in bad.stderr
     sh(sys.executable, "-m", "linkpass.cli", "undrain", "0", "--config", cfg)
     wait_for(lambda: _rail_state(c, 0, 0) == "UP" and c.route_rails(0, 1) == [0, 1], what="rail 0 back after hold-down")
 

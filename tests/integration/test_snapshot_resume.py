@@ -168,8 +168,8 @@ def test_a_rank_killed_while_it_writes_its_part_leaves_nothing_that_looks_comple
     assert sorted(c.name for c in snaps.iterdir()) == [snapdir.step_name(50)]
 
 
-def test_resume_with_another_world_size_is_refused_in_one_line(tmp_path):
-    args = ["--epochs", "1", "--samples", "2048"]
+def test_resume_with_another_world_size_or_a_run_too_short_to_reach_it_is_refused_in_one_line(tmp_path):
+    args = ["--epochs", "1", "--samples", "2048"]  # 32 steps: the snapshot kept is step 30
     a = Job(tmp_path, "a", DDP, args, exec_args=["--snapshot-every", "10", "--snapshot-keep", "1"])
     assert a.wait() == 0, a.text()[-3000:]
     snap = a.dir / "linkpass-snapshots"
@@ -178,6 +178,12 @@ def test_resume_with_another_world_size_is_refused_in_one_line(tmp_path):
     lines = [ln for ln in b.text().splitlines() if "world size" in ln]
     assert lines and "the snapshot is of world size 2, this job has world size 1" in lines[0], b.text()[-2000:]
     assert not (b.dir / "r0.json").exists() or json.loads((b.dir / "r0.json").read_text())["steps"] == 0
+    # a run with half the samples (16 steps) never reaches the snapshot's batch: not a silent success
+    c = Job(tmp_path, "c", DDP, ["--epochs", "1", "--samples", "1024"], exec_args=["--resume", str(snap)])
+    assert c.wait() != 0
+    lines = [ln for ln in c.text().splitlines() if "without reaching" in ln]
+    assert len(lines) == 1 and "the snapshot's step 30 (epoch 0, batch 30)" in lines[0], c.text()[-2000:]
+    assert "ended at epoch 0, batch 16" in lines[0] and "exiting with status 65" in lines[0], lines[0]
 
 
 def test_a_script_that_resumes_itself_past_the_snapshot_is_refused(tmp_path):

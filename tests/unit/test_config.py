@@ -134,7 +134,30 @@ BAD = {
     "gpu-map-not-a-bus-id": (EXAMPLE + '\n[device.gpus]\n"18:00" = 0\n', "device.gpus"),
     "gpu-map-index-out-of-range": (EXAMPLE + '\n[device.gpus]\n"0000:18:00.0" = 5000\n', "device.gpus"),
     "gpu-map-index-not-int": (EXAMPLE + '\n[device.gpus]\n"0000:18:00.0" = "0"\n', "device.gpus.0000:18:00.0"),
+    "snapshot-every-absurd": (EXAMPLE + "\n[snapshot]\nevery_steps = 1000000000000\n", "snapshot.every_steps"),
+    "snapshot-keep-absurd": (EXAMPLE + "\n[snapshot]\nkeep = 100000\n", "snapshot.keep"),
+    "snapshot-dir-relative": (EXAMPLE + '\n[snapshot]\ndir = "snaps"\n', "snapshot.dir"),
+    "snapshot-dir-blank": (EXAMPLE + '\n[snapshot]\ndir = "  "\n', "snapshot.dir"),
 }
+
+
+def test_snapshot_section_bounds_and_an_absolute_dir():
+    cfg = parse_config(EXAMPLE + '\n[snapshot]\nevery_steps = 10000000\nkeep = 1000\ndir = "/shared/snaps"\n', "x.toml")
+    assert (cfg.snapshot.every_steps, cfg.snapshot.keep, cfg.snapshot.dir) == (10_000_000, 1000, "/shared/snaps")
+    with pytest.raises(ConfigError, match=r'x.toml: snapshot.dir: must be an absolute path .*got "snaps"'):
+        parse_config(EXAMPLE + '\n[snapshot]\ndir = "snaps"\n', "x.toml")
+
+
+def test_gpu_map_reports_every_bad_entry_and_refuses_one_index_for_two_bus_ids():
+    text = EXAMPLE + ('\n[device.gpus]\n"18:00" = 0\n"zz" = 1\n"0000:19:00.0" = 5000\n"0000:1a:00.0" = 2\n'
+                      '"0000:1b:00.0" = 2\n"0000:1A:00.0" = 3\n')
+    with pytest.raises(ConfigError) as ei:
+        parse_config(text, "x.toml")
+    assert ei.value.problems == ['x.toml: device.gpus: key "18:00" is not a PCI bus id like "0000:18:00.0"; '
+                                 'key "zz" is not a PCI bus id like "0000:18:00.0"; '
+                                 "GPU index for 0000:19:00.0 must be in 0..1023, got 5000; "
+                                 "GPU index 2 is given to both 0000:1a:00.0 and 0000:1b:00.0; "
+                                 "0000:1a:00.0 and 0000:1A:00.0 are the same bus id"]
 
 
 def test_gpu_map_override_is_read_and_lowercased():

@@ -253,7 +253,7 @@ def test_drain_and_undrain_requests_become_drain_events_and_bad_ones_errors(shor
         await d._start_control(Path(path))
         try:
             out = [json.loads(await _ask(path, json.dumps(req).encode() + b"\n")) for req in (
-                {"cmd": "drain", "rail": 0}, {"cmd": "undrain", "rail": 0},
+                {"cmd": "drain", "rail": 0}, {"cmd": "undrain", "rail": 0}, {"cmd": "undrain", "rail": 0},
                 {"cmd": "drain", "rail": 7}, {"cmd": "drain", "rail": "0"}, {"cmd": "drain"}, {"cmd": "undrain", "rail": True})]
             posted = []
             while not d.queue.empty():
@@ -265,12 +265,44 @@ def test_drain_and_undrain_requests_become_drain_events_and_bad_ones_errors(shor
             await d._server.wait_closed()
 
     out, posted, via_cli = asyncio.run(main())
-    assert out[:2] == [{"ok": True, "cmd": "drain", "rail": 0}, {"ok": True, "cmd": "undrain", "rail": 0}]
-    assert [(e.rail, e.drain) for e in posted] == [(0, True), (0, False)] and all(isinstance(e, Drain) for e in posted)
-    assert "no rail 7 in this daemon's config (rails: [0])" in out[2]["error"]
-    assert all('"rail" must be a rail id' in o["error"] for o in out[3:])
+    # was_drained follows the requests even before the engine has handled their events
+    assert out[:3] == [{"ok": True, "cmd": "drain", "rail": 0, "was_drained": False},
+                       {"ok": True, "cmd": "undrain", "rail": 0, "was_drained": True},
+                       {"ok": True, "cmd": "undrain", "rail": 0, "was_drained": False}]
+    assert [(e.rail, e.drain) for e in posted] == [(0, True), (0, False), (0, False)]
+    assert all(isinstance(e, Drain) for e in posted)
+    assert "no rail 7 in this daemon's config (rails: [0])" in out[3]["error"] and out[3]["bad_input"] is True
+    assert all('"rail" must be a rail id' in o["error"] for o in out[4:])
     assert d.control_bad_requests == 4
-    assert via_cli == {"ok": True, "cmd": "drain", "rail": 0}
+    assert via_cli == {"ok": True, "cmd": "drain", "rail": 0, "was_drained": False}
+
+
+def test_cli_drain_says_a_rail_not_in_the_config_exit_2_and_undrain_of_a_rail_not_drained(short_dir, capsys):
+    from linkpass.cli import main
+
+    d = make_daemon(short_dir)
+    path = str(short_dir / "c.sock")
+
+    async def run():
+        await d._start_control(Path(path))
+        try:
+            out = []
+            for argv in (["drain", "7"], ["undrain", "0"], ["drain", "0"], ["drain", "0"], ["undrain", "0"]):
+                rc = await asyncio.to_thread(main, argv + ["--socket", path])
+                cap = capsys.readouterr()
+                out.append((rc, cap.out.strip(), cap.err.strip()))
+            return out
+        finally:
+            d._server.close()
+            await d._server.wait_closed()
+
+    out = asyncio.run(run())
+    rc, o, e = out[0]
+    assert rc == 2 and not o and e.count("\n") == 0 and "no rail 7 in this daemon's config" in e, out[0]
+    assert out[1:] == [(0, "rail 0: not drained; nothing to undrain", ""),
+                       (0, "rail 0: drain requested (see `linkpass status`)", ""),
+                       (0, "rail 0: already drained", ""),
+                       (0, "rail 0: undrain requested (see `linkpass status`)", "")]
 
 
 def test_cli_drain_without_a_daemon_says_so(short_dir, capsys):
