@@ -27,7 +27,14 @@ rank.  The layout on disk and what makes a snapshot complete: :mod:`torch_hooks.
   directory, writes the marker and ``snapshot/<id>/result`` (``ok``, ``step``, ``path``,
   ``bytes``, ``stall_ms``, ``write_ms``, ``reason``).  A rank that does not write its part within
   ``LINKPASS_SNAPSHOT_TIMEOUT_S`` (default 300 s) fails the snapshot: its directory is removed, the
-  result says which rank, and training goes on.
+  result says which rank, and training goes on.  Each rank then reports ``snapshot`` to its daemon
+  (``id``, ``step``, ``ok``, ``path``, ``bytes``, ``stall_ms``, ``write_ms``, ``reason``, ``scope``:
+  ``snapshot`` from rank 0 for the whole job, ``part`` from the others; :mod:`linkpass.core.snapshots`).
+* **Full disk.**  Before a part is written, the free space of its file system (``statvfs``) must be
+  at least its tensors' bytes x :data:`SPACE_MARGIN` + :data:`SPACE_SLACK_BYTES`, else the part
+  fails with "not enough space in DIR: the part needs about N bytes (M bytes of state), F bytes
+  free".  A write that fails anyway (ENOSPC while it ran) fails the part the same way; its
+  half-written files are removed at once, the rest of the snapshot by rank 0.
 
 **How.**  ``torch.distributed.checkpoint.state_dict.get_state_dict`` per protected module and its
 optimizers (FSDP2: DTensor shards), then ``dcp.async_save(..., no_dist=True)`` into the rank's own
@@ -382,7 +389,7 @@ class Snapshotter:
         self._finish(f, parts, "; ".join(f"rank {r}: {e}" for r, e in bad.items()) if bad else None)
 
     def _part_error(self, f: dict, err: BaseException) -> str:
-        """:func:`error_line`, and the free space when the file system has less than the part
+        """:func:`error_line`, led by the free space when the file system has less than the part
         needed (a write that failed because the disk filled up while it ran)."""
         line = error_line(err)
         if isinstance(err, NoSpace) or not f.get("need"):
@@ -391,7 +398,10 @@ class Snapshotter:
             free = free_bytes(f["rank_dir"] if f["rank_dir"].exists() else Path(f["root"]))
         except OSError:
             return line
-        return line if free >= f["need"] else f"{line} ({free} bytes free in {f['root']}, the part needs about {f['need']})"
+        if free >= f["need"]:
+            return line
+        # torch's zip writer turns ENOSPC into "unexpected pos N vs M": the cause goes first
+        return f"no space left in {f['root']}: {free} bytes free, the part needs about {f['need']} ({line})"
 
     def _finish(self, f: dict, parts: dict | None, failure: str | None) -> None:
         """Rank 0: make the snapshot complete, or remove it."""
