@@ -565,6 +565,7 @@ class Daemon:
             topology_warnings=tuple(self.autoconf_warnings) if auto else (),
             engine=eng.status(now) if engine else None,
             device_sources={name: src.status() for name, src in self.device_sources.items()} if engine else None,
+            snapshots=eng.snapshots.view() if self.hooks is not None else None,
         )
 
     def status(self) -> dict:

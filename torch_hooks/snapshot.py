@@ -27,7 +27,14 @@ rank.  The layout on disk and what makes a snapshot complete: :mod:`torch_hooks.
   directory, writes the marker and ``snapshot/<id>/result`` (``ok``, ``step``, ``path``,
   ``bytes``, ``stall_ms``, ``write_ms``, ``reason``).  A rank that does not write its part within
   ``LINKPASS_SNAPSHOT_TIMEOUT_S`` (default 300 s) fails the snapshot: its directory is removed, the
-  result says which rank, and training goes on.
+  result says which rank, and training goes on.  Each rank then reports ``snapshot`` to its daemon
+  (``id``, ``step``, ``ok``, ``path``, ``bytes``, ``stall_ms``, ``write_ms``, ``reason``, ``scope``:
+  ``snapshot`` from rank 0 for the whole job, ``part`` from the others; :mod:`linkpass.core.snapshots`).
+* **Full disk.**  Before a part is written, the free space of its file system (``statvfs``) must be
+  at least its tensors' bytes x :data:`SPACE_MARGIN` + :data:`SPACE_SLACK_BYTES`, else the part
+  fails with "not enough space in DIR: the part needs about N bytes (M bytes of state), F bytes
+  free".  A write that fails anyway (ENOSPC while it ran) fails the part the same way; its
+  half-written files are removed at once, the rest of the snapshot by rank 0.
 
 **How.**  ``torch.distributed.checkpoint.state_dict.get_state_dict`` per protected module and its
 optimizers (FSDP2: DTensor shards), then ``dcp.async_save(..., no_dist=True)`` into the rank's own
@@ -53,6 +60,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import datetime
+import errno
 import io
 import json
 import logging
@@ -76,6 +84,10 @@ BUSY_POLL_S = 0.02
 #: exit status of a worker that cannot resume from the snapshot it was given (EX_DATAERR)
 EXIT_RESUME = 65
 DEFAULT_DIR = "linkpass-snapshots"
+#: a part needs about its tensors' bytes on disk, plus DCP's metadata and pickled extras: the free
+#: space must be at least the state's bytes times this, plus SPACE_SLACK_BYTES, before it is written
+SPACE_MARGIN = 1.1
+SPACE_SLACK_BYTES = 1 << 20
 
 
 def _quiet_dcp() -> None:
@@ -157,6 +169,67 @@ def _real_save(obj: Any, path: Path) -> None:
 
 
 _tree_bytes = snapdir.tree_bytes
+
+
+def state_bytes(obj: Any) -> int:
+    """Bytes of the tensors in a (nested) state dict: what a rank writes of them.  A DTensor
+    (FSDP2) counts its local shard only; other values (ints, param groups) are left to the slack."""
+    n, stack = 0, [obj]
+    while stack:
+        o = stack.pop()
+        if isinstance(o, dict):
+            stack.extend(o.values())
+        elif isinstance(o, (list, tuple)):
+            stack.extend(o)
+        else:
+            local = getattr(o, "_local_tensor", None)  # DTensor
+            t = local if local is not None else o
+            if hasattr(t, "element_size") and hasattr(t, "numel"):
+                n += int(t.numel()) * int(t.element_size())
+    return n
+
+
+def free_bytes(path: Path) -> int:
+    """Bytes an unprivileged writer may still use on ``path``'s file system (statvfs ``f_bavail``).
+
+    Raises:
+        OSError: ``path`` cannot be looked at.
+    """
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
+
+
+class NoSpace(OSError):
+    """The file system of the snapshot directory cannot hold this rank's part (one line)."""
+
+
+def check_space(rd: Path, state: int) -> int:
+    """Refuse (:class:`NoSpace`) to write a part of ``state`` tensor bytes into ``rd`` when its
+    file system has less than ``state * SPACE_MARGIN + SPACE_SLACK_BYTES`` free; returns that need."""
+    need = int(state * SPACE_MARGIN) + SPACE_SLACK_BYTES
+    free = free_bytes(rd)
+    if free < need:
+        raise NoSpace(errno.ENOSPC, f"not enough space in {rd.parent.parent}: the part needs about {need} bytes "
+                      f"({state} bytes of state), {free} bytes free")
+    return need
+
+
+def error_line(err: BaseException) -> str:
+    """One line for a part that was not written.  DCP wraps the writer's error in a
+    ``CheckpointException`` whose text is a traceback: the first wrapped error is shown instead;
+    an ``OSError`` as its strerror and file (``No space left on device: /snaps/...``)."""
+    failures = getattr(err, "failures", None)  # torch.distributed.checkpoint.api.CheckpointException
+    if isinstance(failures, dict) and failures:
+        inner = next(iter(failures.values()))
+        inner = inner[0] if isinstance(inner, tuple) and inner else inner
+        if isinstance(inner, BaseException):
+            err = inner
+    if isinstance(err, NoSpace):
+        return str(err.strerror)
+    if isinstance(err, OSError) and err.strerror:
+        return f"{err.strerror}: {err.filename}" if err.filename else str(err.strerror)
+    text = str(err).splitlines()[0][:300] if str(err) else ""
+    return f"{type(err).__name__}: {text}" if text else type(err).__name__
 
 
 class Snapshotter:
@@ -288,10 +361,11 @@ class Snapshotter:
             f["write_ms"] = round((time.monotonic_ns() - f["t_write"]) / 1e6, 3)
             f["bytes"] = _tree_bytes(f["rank_dir"])
             part = {"ok": err is None, "bytes": f["bytes"], "stall_ms": f["stall_ms"], "write_ms": f["write_ms"],
-                    "error": None if err is None else (str(err).splitlines()[0][:300] if str(err) else type(err).__name__)}
+                    "error": None if err is None else self._part_error(f, err)}
             kv.set(f"snapshot/{f['sid']}/part/{self.s.rank}", json.dumps(part))
             f["part_sent"] = True
             if err is not None:
+                shutil.rmtree(f["rank_dir"], ignore_errors=True)  # half-written: never left behind
                 _say(f"rank {self.s.rank}: snapshot at step {f['step']} not written: {part['error']}")
             if self.s.rank != 0:
                 self._done(f, part)
@@ -305,6 +379,21 @@ class Snapshotter:
         parts = {r: json.loads(kv.get(k)) for r, k in enumerate(keys)}
         bad = {r: p.get("error") for r, p in parts.items() if not p.get("ok")}
         self._finish(f, parts, "; ".join(f"rank {r}: {e}" for r, e in bad.items()) if bad else None)
+
+    def _part_error(self, f: dict, err: BaseException) -> str:
+        """:func:`error_line`, led by the free space when the file system has less than the part
+        needed (a write that failed because the disk filled up while it ran)."""
+        line = error_line(err)
+        if isinstance(err, NoSpace) or not f.get("need"):
+            return line
+        try:
+            free = free_bytes(f["rank_dir"] if f["rank_dir"].exists() else Path(f["root"]))
+        except OSError:
+            return line
+        if free >= f["need"]:
+            return line
+        # torch's zip writer turns ENOSPC into "unexpected pos N vs M": the cause goes first
+        return f"no space left in {f['root']}: {free} bytes free, the part needs about {f['need']} ({line})"
 
     def _finish(self, f: dict, parts: dict | None, failure: str | None) -> None:
         """Rank 0: make the snapshot complete, or remove it."""
@@ -340,7 +429,8 @@ class Snapshotter:
     def _done(self, f: dict, res: dict) -> None:
         ev = {"event": "snapshot", "id": f["sid"], "step": f["step"], "ok": bool(res.get("ok")),
               "bytes": res.get("bytes", f.get("bytes")), "stall_ms": f["stall_ms"], "write_ms": f.get("write_ms"),
-              "path": res.get("path")}
+              "path": res.get("path"), "reason": res.get("reason") or res.get("error"),
+              "scope": "snapshot" if self.s.rank == 0 else "part"}
         self.events.append(ev)
         client = self._client_fn()
         if client is not None:
@@ -403,6 +493,7 @@ class Snapshotter:
             _real_save(extra, rd / snapdir.EXTRA)
             with self.t.muted():
                 sd = _state_dicts(self.t)
+            f["need"] = check_space(rd, state_bytes(sd))
             fut = self._save(sd, rd)
         except Exception as ex:  # noqa: BLE001 - a full disk, a bug: the part fails, training goes on
             log.debug("snapshot part failed", exc_info=True)
@@ -425,7 +516,13 @@ class Snapshotter:
                 log.warning("dcp.async_save failed (%s: %s); snapshots are written with dcp.save (training waits for "
                             "the write)", type(ex).__name__, str(ex).splitlines()[0][:200] if str(ex) else "")
         fut: concurrent.futures.Future = concurrent.futures.Future()
-        dcp.save(sd, checkpoint_id=str(rd), no_dist=True)
+        try:
+            dcp.save(sd, checkpoint_id=str(rd), no_dist=True)
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as ex:  # noqa: BLE001 - DCP's CheckpointException is a BaseException: the part fails
+            fut.set_exception(ex)
+            return fut
         fut.set_result(None)
         return fut
 

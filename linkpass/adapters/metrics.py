@@ -9,8 +9,8 @@ Two feeds (DESIGN.md rule 1: the engine decides, adapters only watch):
   counter per history kind.
 * **scrape time** — :func:`state_families` renders gauges from a
   :class:`~linkpass.core.status.DaemonSnapshot` when Prometheus scrapes: rail state, usable
-  rails, plan generation, probe RTT and loss, hook connections, MQTT outbox depth, route and
-  netlink counters.  prometheus_client serves HTTP from its own thread
+  rails, plan generation, probe RTT and loss, hook connections, the jobs' snapshots, MQTT outbox
+  depth, route and netlink counters.  prometheus_client serves HTTP from its own thread
   (``start_http_server``); the daemon's state belongs to the asyncio loop, so the collector
   asks the loop for the snapshot (``call_soon_threadsafe``) and waits for it (at most
   :data:`SNAPSHOT_TIMEOUT_S`): it never reads dicts the loop is changing.  A blocked loop gives
@@ -48,6 +48,7 @@ from collections.abc import Callable, Iterable
 from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector, disable_created_metrics, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from linkpass.core.snapshots import SnapshotsView
 from linkpass.core.status import DaemonSnapshot
 
 log = logging.getLogger("linkpass.metrics")
@@ -80,6 +81,10 @@ METRIC_NAMES = (
     "linkpass_mqtt_connected", "linkpass_route_ops_total", "linkpass_route_errors_total",
     "linkpass_netlink_resyncs_total", "linkpass_netlink_overruns_total", "linkpass_events_handled_total",
     "linkpass_metrics_snapshot_timeouts_total",
+    # torch hook snapshot reports (scrape time, from linkpass.core.snapshots)
+    "linkpass_snapshots_total", "linkpass_snapshot_parts_total", "linkpass_snapshot_reports_rejected_total",
+    "linkpass_snapshot_last_ok", "linkpass_snapshot_last_step", "linkpass_snapshot_last_bytes",
+    "linkpass_snapshot_last_stall_seconds", "linkpass_snapshot_last_write_seconds",
 )
 
 
@@ -387,6 +392,9 @@ def state_families(snap: DaemonSnapshot) -> list[Metric]:
         out.append(CounterMetricFamily("linkpass_hook_refused", "Torch hook connections refused (max_clients reached).",
                                        value=hooks.refused))
 
+    if snap.snapshots is not None:
+        out += snapshot_families(snap.snapshots)
+
     mqtt = snap.mqtt
     if mqtt is not None:
         if mqtt.depth is not None:
@@ -409,3 +417,39 @@ def state_families(snap: DaemonSnapshot) -> list[Metric]:
                                        value=c["netlink_overruns"]))
     out.append(CounterMetricFamily("linkpass_events_handled", "Events the engine handled.", value=c.get("events_handled", 0)))
     return out
+
+
+def snapshot_families(view: SnapshotsView) -> list[Metric]:
+    """The jobs' snapshot series (:mod:`linkpass.core.snapshots`; one series per job and label
+    value, at most ``JOBS_KEPT`` jobs).  ``_last_*`` gauges are of the job's newest report on this
+    host (a ``snapshot`` from its rank 0, or a rank's ``part``); a value the report did not carry
+    leaves its series out."""
+    total = _counter("linkpass_snapshots", "Snapshots of a job that completed (result=ok) or failed (result=failed), "
+                     "as its rank 0 on this host reported them.", ["job", "result"])
+    parts = _counter("linkpass_snapshot_parts", "Snapshot parts the job's other ranks on this host wrote (result=ok) or "
+                     "failed to write (result=failed).", ["job", "result"])
+    ok = _gauge("linkpass_snapshot_last_ok", "1 when the job's newest snapshot report on this host said ok.", ["job"])
+    step = _gauge("linkpass_snapshot_last_step", "Optimizer step of the job's newest snapshot report on this host.", ["job"])
+    size = _gauge("linkpass_snapshot_last_bytes", "Bytes on disk of the job's newest snapshot report on this host (the "
+                  "whole snapshot from rank 0, or one rank's part).", ["job"])
+    stall = _gauge("linkpass_snapshot_last_stall_seconds", "Training stall of the job's newest snapshot report on this host "
+                   "(the slowest rank's for a whole snapshot).", ["job"])
+    write = _gauge("linkpass_snapshot_last_write_seconds", "Step boundary to on disk, of the job's newest snapshot report on "
+                   "this host (the slowest rank's for a whole snapshot).", ["job"])
+    for j in view.jobs:
+        total.add_metric([j.job, "ok"], j.ok)
+        total.add_metric([j.job, "failed"], j.failed)
+        parts.add_metric([j.job, "ok"], j.parts_ok)
+        parts.add_metric([j.job, "failed"], j.parts_failed)
+        r = j.last
+        ok.add_metric([j.job], 1 if r.ok else 0)
+        step.add_metric([j.job], r.step)
+        if r.bytes is not None:
+            size.add_metric([j.job], r.bytes)
+        if r.stall_ms is not None:
+            stall.add_metric([j.job], r.stall_ms / 1e3)
+        if r.write_ms is not None:
+            write.add_metric([j.job], r.write_ms / 1e3)
+    rejected = CounterMetricFamily("linkpass_snapshot_reports_rejected", "Torch hook snapshot reports dropped for a field "
+                                   "of the wrong type or range.", value=view.rejected)
+    return [total, parts, rejected, ok, step, size, stall, write]

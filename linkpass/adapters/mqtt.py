@@ -89,6 +89,7 @@ from linkpass.adapters.mqtt_payloads import (  # noqa: F401
     broker_address,
     compact_state,
     dumps,
+    event_doc,
     topic_prefix,
     topology_of,
     utc_ts,
@@ -208,7 +209,7 @@ class MqttPublisher:
             self._wake.set()
 
     def on_hook_report(self, rec: Mapping) -> None:
-        """A torch hook report (rebuild / migration) as kept by the hook server."""
+        """A torch hook report (rebuild / migration / snapshot) as kept by the hook server."""
         try:
             a = self.mapper.from_report(rec, time.monotonic_ns())
         except Exception:
@@ -241,9 +242,7 @@ class MqttPublisher:
         gen = self.mapper.generation
 
         def build(seq: int) -> bytes:
-            return dumps({"schema": EVENT_SCHEMA, "id": str(uuid.uuid4()), "host": self.host, "seq": seq, "ts": ts,
-                           "event": a.event, "severity": "critical" if a.critical else "info", "generation": gen,
-                           "t_mono_ns": a.t_mono_ns, **a.fields})
+            return dumps(event_doc(a, host=self.host, seq=seq, ts=ts, generation=gen, event_id=str(uuid.uuid4())))
         try:
             seq = self.outbox.put(build, critical=a.critical, ts_us=ts_us)
         except Exception as e:  # sqlite3.Error (disk full, I/O error), or an unserialisable field (a bug)

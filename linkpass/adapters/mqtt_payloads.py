@@ -50,6 +50,16 @@ def dumps(doc: Mapping) -> bytes:
     return json.dumps(doc, separators=(",", ":"), allow_nan=False, default=str).encode()
 
 
+def event_doc(alert, *, host: str, seq: int, ts: str, generation: int, event_id: str) -> dict:
+    """The ``events`` payload body of one :class:`~linkpass.core.alerts.Alert`: the envelope
+    (``schema``, ``id``, ``host``, ``seq``, ``ts``), ``event``, ``severity`` (``critical`` |
+    ``info``), ``generation``, ``t_mono_ns``, then the event's own fields
+    (:mod:`linkpass.core.alerts`).  ``ts``: :func:`utc_ts_us`; ``event_id``: a UUID string."""
+    return {"schema": EVENT_SCHEMA, "id": event_id, "host": host, "seq": seq, "ts": ts, "event": alert.event,
+            "severity": "critical" if alert.critical else "info", "generation": generation,
+            "t_mono_ns": alert.t_mono_ns, **alert.fields}
+
+
 def compact_state(st: Mapping) -> dict:
     """The ``state`` payload body from :meth:`linkpass.core.engine.Engine.status`."""
     return {

@@ -146,6 +146,13 @@ def _status_lines(st: dict, max_clients: int = 8) -> list[str]:
         more = f", +{len(names) - max_clients} more" if len(names) > max_clients else ""
         out.append(f"hook clients: {len(clients)}" + (f" ({', '.join(names[:max_clients])}{more})" if names else "")
                    + f"  on {hooks.get('socket', '?')}")
+    for job, j in sorted(((st.get("snapshots") or {}).get("jobs") or {}).items())[:max_clients]:
+        last = j.get("last") or {}
+        what = "snapshot" if last.get("scope") == "snapshot" else f"rank {last.get('rank')}'s part"
+        res = (f"ok, {last.get('bytes')} bytes, stall {last.get('stall_ms')} ms, write {last.get('write_ms')} ms"
+               if last.get("ok") else f"FAILED: {last.get('reason')}")
+        out.append(f"snapshots of job {job}: {j.get('ok')} ok, {j.get('failed')} failed; last {what} at step "
+                   f"{last.get('step')} ({res}), {last.get('age_s')} s ago")
     counts = st.get("incident_counts")
     if counts is not None:
         srcs = ",".join(sorted(st.get("device_sources") or {})) or "none"

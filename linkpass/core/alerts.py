@@ -27,11 +27,15 @@ hook report rebuilt /              ``rebuild``       yes       report, job, rank
 rebuild_failed
 hook report migrating / joined /   ``migration``     yes       report, job, rank, pid, detail
 no_spare / unmovable
+hook report snapshot (checked:     ``snapshot``      yes when  job, rank, pid, scope, snapshot_id,
+:mod:`linkpass.core.snapshots`)                      not ok    step, ok, path, bytes, stall_ms,
+                                                               write_ms, reason
 =================================  ================  ========  ==================================
 
 Not events (noise, or visible in ``state``): ``link_dump``, ``path``, ``routes_applied``
 without errors, ``route_disturbed``, ``config_reloaded``, UNKNOWN -> UP at start, the first
-``peer_rails`` of a peer, other hook reports.  Every event also carries ``event``,
+``peer_rails`` of a peer, other hook reports, a ``snapshot`` report with a bad field (the
+engine drops it).  Every event also carries ``event``,
 ``severity`` (``critical`` | ``info``), ``generation`` (the last plan generation seen) and
 ``t_mono_ns`` (the daemon's monotonic clock at the event; for latency measurements).
 """
@@ -42,9 +46,11 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from linkpass.core.snapshots import ReportError, parse_report
+
 #: every ``event`` value (deploy/asyncapi.yaml lists the same; a unit test checks it)
 EVENT_TYPES = ("fault", "recovery", "drain", "degraded", "failover", "failback", "reroute", "incident", "damping",
-               "peer_rails", "route_error", "rebuild", "migration")
+               "peer_rails", "route_error", "rebuild", "migration", "snapshot")
 #: a hook report's detail larger than this (JSON bytes) is replaced by {"truncated": true}
 MAX_DETAIL_BYTES = 4096
 
@@ -161,6 +167,12 @@ class AlertMapper:
         keeps them as ``{"event", "t_ns", "client_id", "job", "rank", "pid", ...}``), or None.
         ``now_ns`` (monotonic ns) is the alert's time when the report carries no integer ``t_ns``."""
         ev = rec.get("event")
+        if ev == "snapshot":
+            try:
+                r = parse_report(dict(rec))
+            except ReportError:
+                return None  # the engine passes on only checked ones; never an event with a bad field
+            return Alert("snapshot", not r.ok, {"job": r.job, "rank": r.rank, "pid": r.pid, **r.fields()}, r.t_ns)
         if ev in _REBUILD_REPORTS:
             kind = "rebuild"
         elif ev in _MIGRATION_REPORTS:

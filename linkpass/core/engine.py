@@ -54,6 +54,7 @@ from linkpass.core.nccl_env import RailHealth as NcclRail
 from linkpass.core.paths import PathHealth, PathState
 from linkpass.core.planner import Plan, all_destinations, plan_routes
 from linkpass.core.policy import EnginePolicy
+from linkpass.core.snapshots import ReportError, SnapshotBook
 
 log = logging.getLogger("linkpass.engine")
 
@@ -65,6 +66,8 @@ INCIDENTS_KEPT = 50
 #: repeating) is the same incident: counted, not recorded or acted on twice.  Later, it is a new
 #: incident.  The one dedup of device incidents: the sources post every sighting
 INCIDENT_DEDUP_NS = 10 * 1_000_000_000
+#: refused snapshot reports logged at WARNING; later ones at DEBUG (each is counted)
+SNAPSHOT_REJECTS_LOUD = 5
 
 
 class Engine:
@@ -86,6 +89,8 @@ class Engine:
         totals: running counts since start: ``rail_<state>`` and ``path_<state>`` per state
             entered, ``routes_applied``, ``route_changes`` (applies that replaced or deleted
             routes), and one per other history kind (``plan``, ``degraded``, ``recovered``, ...).
+        snapshots: the jobs' snapshot reports (:class:`~linkpass.core.snapshots.SnapshotBook`;
+            its ``rejected`` counts the refused ones).
     """
 
     def __init__(self, policy: EnginePolicy, nccl: NcclContext | None = None):
@@ -126,6 +131,7 @@ class Engine:
         self._incident_seen: dict[tuple[str, str | None], int] = {}  # (code, device) -> last seen ns
         self._incident_seen_t: dict[tuple[str, str | None], int] = {}  # (code, device) -> its event's t_ns
         self._notify_entries: dict[tuple, tuple[dict, dict]] = {}  # NotifyDeviceFault's incident -> (entry, history data)
+        self.snapshots = SnapshotBook()
         self._configure(policy)
 
     # ------------------------------------------------------------------ config
@@ -226,6 +232,8 @@ class Engine:
         if isinstance(event, ConfigReloaded):
             return self._on_config(event, now_ns)
         if isinstance(event, HookReport):
+            if event.report.get("event") == "snapshot":
+                return self._on_snapshot_report(event)
             # not engine state (the hook server keeps the recent ones): passed on, so that the
             # one dispatch table routes it to the operators' adapter
             return [PublishHookReport(event.report)]
@@ -404,6 +412,20 @@ class Engine:
         entry.update(upd)
         if not late:
             hist.update(upd)
+
+    def _on_snapshot_report(self, ev: HookReport) -> list[Action]:
+        """A rank's ``snapshot`` report: kept per job (status, metrics) and passed on checked (the
+        MQTT ``snapshot`` event); a report with a bad field is dropped whole, counted and logged."""
+        rec = ev.report
+        try:
+            r = self.snapshots.record(rec)
+        except ReportError as e:
+            n = self.snapshots.rejected
+            log.log(logging.WARNING if n <= SNAPSHOT_REJECTS_LOUD else logging.DEBUG,
+                    "snapshot report of job %.80r rank %.20r (pid %.20r) dropped: %s (%d dropped so far)",
+                    rec.get("job"), rec.get("rank"), rec.get("pid"), e, n)
+            return []
+        return [PublishHookReport(r.to_report())]
 
     def _on_hook_peers(self, ev: HookPeersChanged) -> list[Action]:
         """The peers of the registered torch-hook jobs changed: probe those (configured) first."""

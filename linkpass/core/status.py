@@ -22,6 +22,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from linkpass.core.snapshots import SnapshotsView, snapshots_json
+
 #: the ``schema`` of the control socket's ``status`` answer
 STATUS_SCHEMA = "linkpass.status/v1"
 
@@ -151,6 +153,8 @@ class DaemonSnapshot:
         engine: the engine's JSON picture (:meth:`linkpass.core.engine.Engine.status`); None
             in a snapshot taken without it.
         device_sources: live device source name -> its JSON status (None without ``engine``).
+        snapshots: the torch hooks' snapshot reports per job (:mod:`linkpass.core.snapshots`);
+            None when hooks are off.
     """
 
     t_ns: int
@@ -180,6 +184,7 @@ class DaemonSnapshot:
     topology_warnings: tuple[str, ...]
     engine: Mapping[str, Any] | None = None
     device_sources: Mapping[str, Any] | None = None
+    snapshots: SnapshotsView | None = None
 
     @property
     def usable_rails(self) -> tuple[int, ...]:
@@ -192,8 +197,9 @@ def status_json(snap: DaemonSnapshot) -> dict:
 
     Fields: ``schema`` (:data:`STATUS_SCHEMA`), ``pid``, ``uptime_s``, the engine's fields
     (``host``, ``rails``, ``peers``, ``routes``, ``warnings``, ``totals``, ...), then
-    ``topology`` (auto mode only), ``reroute``, ``mqtt`` and ``hooks`` (when on), ``metrics``
-    (when configured), ``systemd``, ``counters``, ``dispatch_errors``, ``device_sources``.
+    ``topology`` (auto mode only), ``reroute``, ``mqtt`` and ``hooks`` (when on), ``snapshots``
+    (with hooks: :func:`linkpass.core.snapshots.snapshots_json`), ``metrics`` (when configured),
+    ``systemd``, ``counters``, ``dispatch_errors``, ``device_sources``.
 
     Raises:
         ValueError: the snapshot was taken without the engine's picture.
@@ -211,6 +217,8 @@ def status_json(snap: DaemonSnapshot) -> dict:
         st["mqtt"] = snap.mqtt.status
     if snap.hooks is not None:
         st["hooks"] = snap.hooks.status
+    if snap.snapshots is not None:
+        st["snapshots"] = snapshots_json(snap.snapshots, snap.t_ns)
     if snap.metrics_enabled:
         st["metrics"] = {"listening": snap.metrics_listening}
     sd = snap.systemd
