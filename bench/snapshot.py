@@ -506,6 +506,8 @@ def linkpass_spare(args, work: Path, log) -> dict:
     if p.returncode != 0 or not r:
         lines = [x for x in (p.stderr + p.stdout).splitlines() if x.strip()]
         why = next((x for x in reversed(lines) if "sharded" in x), lines[-1] if lines else f"exit {p.returncode}")
+        if "the model is sharded" in why:  # the hook's own reason, without torchrun's failure table around it
+            why = why[why.index("the model is sharded"):].split(";")[0]
         log(f"  (c) linkpass spare: not available: {why.strip()[:300]}")
         return {"available": False, "reason": why.strip()[:500], "rc": p.returncode}
     keep = ("steps", "steps_lost", "recovery_ms", "max_step_stall_ms", "weights_match_reference")
