@@ -2,8 +2,12 @@
 
     linkpass bench detect --mode blackhole --trials 10 --json bench/results/detect_bfd_blackhole.json
 
+    linkpass bench snapshot --json bench/results/snapshot.json
+
 ``bench detect`` runs ``bench/detect_bfd.py`` (linkpass detection next to FRR's bfdd on the
-emulated fabric).  The benchmarks live in the source tree, not in the installed package: when
+emulated fabric); ``bench snapshot`` runs ``bench/snapshot.py`` (the hook's snapshots of an
+unmodified FSDP2 job: step-time overhead, snapshot and restore time against state size, a
+device fault under ``torchrun --max-restarts 1``; no fabric, no root).  The benchmarks live in the source tree, not in the installed package: when
 ``bench/`` is not next to the ``linkpass`` package, the command says so and exits 2.
 """
 
@@ -32,13 +36,24 @@ def _load(name: str):
     return mod
 
 
+def _missing(cmd: str) -> int:
+    print("linkpass bench: bench/ not found next to the linkpass package "
+          f"({Path(__file__).resolve().parents[1]}); the benchmarks need the source tree "
+          f"(run from a git checkout, e.g. `.venv/bin/linkpass bench {cmd}` in the repository)", file=sys.stderr)
+    return 2
+
+
 def cmd_detect(args) -> int:
     mod = _load("detect_bfd")
     if mod is None:
-        print("linkpass bench: bench/ not found next to the linkpass package "
-              f"({Path(__file__).resolve().parents[1]}); the benchmarks need the source tree "
-              "(run from a git checkout, e.g. `.venv/bin/linkpass bench detect` in the repository)", file=sys.stderr)
-        return 2
+        return _missing("detect")
+    return mod.main(args=args)
+
+
+def cmd_snapshot(args) -> int:
+    mod = _load("snapshot") if bench_dir() is not None and (bench_dir() / "snapshot.py").is_file() else None
+    if mod is None:
+        return _missing("snapshot")
     return mod.main(args=args)
 
 
@@ -63,9 +78,43 @@ def add_detect_options(ap) -> None:
     ap.add_argument("--json", metavar="FILE", help="write the figures as JSON here")
 
 
+def add_snapshot_options(ap) -> None:
+    """The options of ``bench snapshot`` (shared with bench/snapshot.py's own parser)."""
+    ap.add_argument("--parts", default="a,b,c", help="which parts: a (overhead), b (sizes), c (device fault); default a,b,c")
+    ap.add_argument("--every", type=int, default=25, help="(a), (c): a snapshot every N steps (default 25)")
+    ap.add_argument("--epochs", type=int, default=2, help="(a), (c): the example's --epochs (default 2, its own)")
+    ap.add_argument("--samples", type=int, default=8192, help="(a), (c): the example's --samples (default 8192, its own)")
+    ap.add_argument("--batch-size", type=int, default=32, help="the example's --batch-size (default 32, its own)")
+    ap.add_argument("--warmup", type=int, default=5, help="(a): step intervals left out of the figures (default 5)")
+    ap.add_argument("--widths", default="256,1600,4096", help="(b): model widths, comma-separated (default 256,1600,4096: "
+                    "about 1, 32, 205 MB of state)")
+    ap.add_argument("--size-steps", type=int, default=10, help="(b): steps per job (default 10)")
+    ap.add_argument("--size-every", type=int, default=4, help="(b): a snapshot every N steps (default 4)")
+    ap.add_argument("--fault-frac", type=float, default=0.4, help="(c): kill rank 1 at this share of the steps (default 0.4)")
+    ap.add_argument("--rdzv", choices=("c10d", "static"), default="c10d",
+                    help="(c): torchrun's rendezvous: c10d (default: --rdzv-backend c10d, a fresh store per round) or "
+                    "static (--master-port P: the store outlives the restart, and the restarted group can read the dead "
+                    "attempt's gloo addresses)")
+    ap.add_argument("--restart-timeout-s", type=float, default=60.0, help="(c): a restarted group with no step this long "
+                    "after the kill counts as failed (hung; stacks go to its log) and the pair is repeated (default 60)")
+    ap.add_argument("--restart-retries", type=int, default=2, help="(c): repeat a failed torchrun restart up to N times")
+    ap.add_argument("--device-fault-demo", choices=("auto", "off"), default="auto",
+                    help="(c): auto (default): run `linkpass demo --scenario device-fault` with the FSDP2 example when "
+                    "root; off: do not")
+    ap.add_argument("--name", default="bnsnp", help="(c): fabric name of the device-fault demo (default bnsnp)")
+    ap.add_argument("--timeout-s", type=float, default=300.0, help="per job (default 300)")
+    ap.add_argument("--keep", action="store_true", help="keep the work directory (logs, reports, snapshots)")
+    ap.add_argument("--json", metavar="FILE", help="write the results as JSON")
+
+
 def register(subparsers) -> None:
     b = subparsers.add_parser("bench", help="benchmarks on the emulated fabric (needs the source tree and root)")
     bs = b.add_subparsers(dest="bench_cmd", required=True)
     d = bs.add_parser("detect", help="detection/reroute latency under cuts, side by side with FRR bfdd")
     add_detect_options(d)
     d.set_defaults(func=cmd_detect)
+    s = bs.add_parser("snapshot", help="the hook's snapshots of an unmodified FSDP2 job: step-time overhead next to a "
+                      "synchronous torch.save, snapshot/restore time against state size, a device fault under torchrun "
+                      "--max-restarts 1 (no root)")
+    add_snapshot_options(s)
+    s.set_defaults(func=cmd_snapshot)
