@@ -172,13 +172,14 @@ def test_group_request_round_trips_and_keeps_member_order():
 
 
 def test_recorded_kernel_group_and_blackhole_messages_decode():
-    # RTM_NEWNEXTHOP bodies as the kernel sends them for `ip nexthop add id 2001 group 1001/1002 proto 201`
-    # and `ip nexthop add id 9 blackhole` (nhmsg + NHA_ID + NHA_GROUP_TYPE + NHA_GROUP / NHA_BLACKHOLE)
-    grp = bytes.fromhex("00 00 c9 00 00000000 0800 0100 d1070000 0600 0300 0000 0000"
-                        " 1400 0200 e9030000 00000000 ea030000 00000000".replace(" ", ""))
-    bh = bytes.fromhex("02 00 03 00 00000000 0800 0100 09000000 0400 0400".replace(" ", ""))
+    # RTM_NEWNEXTHOP bodies recorded from a dump (Linux 6.18) after `ip nexthop add id 1001 dev lo
+    # proto 201`, `... id 2001 group 1001/1002 proto 201` and `... id 9 blackhole`
+    lo_leaf = bytes.fromhex("02fec9000000000008000100e90300000800050001000000")
+    grp = bytes.fromhex("0000c9000000000008000100d1070000060003000000000014000200e903000000000000ea0300000000000008000e0000000080")
+    bh = bytes.fromhex("0200000000000000080001000900000004000400")
+    assert nhlink.object_from_msg(lo_leaf, {1: "lo"}) == NexthopObject(1001, 201, "", "lo")
     assert nhlink.object_from_msg(grp, {}) == NexthopObject(2001, 201, group=(1001, 1002))
-    assert nhlink.object_from_msg(bh, {}) == NexthopObject(9, 3, blackhole=True)
+    assert nhlink.object_from_msg(bh, {}) == NexthopObject(9, 0, blackhole=True)
 
 
 def test_truncated_or_idless_messages_are_ignored_not_fatal():
