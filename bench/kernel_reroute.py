@@ -24,7 +24,6 @@ Prints figures, never asserts them.  Root only; uses only namespaces it creates 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import datetime
 import json
 import os

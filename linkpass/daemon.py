@@ -837,6 +837,10 @@ class Daemon:
         for t in self.tasks.values():
             t.cancel()
         await asyncio.gather(*self.tasks.values(), return_exceptions=True)
+        try:
+            await asyncio.wait_for(self.routes.close(), 2.0)
+        except (asyncio.TimeoutError, OSError) as e:
+            log.warning("route actuator clean-up at stop: %s", e or "timed out")
         if self.notices:
             self.notices.close()
         if self.prober:

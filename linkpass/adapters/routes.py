@@ -309,6 +309,21 @@ class RouteActuator:
         self.errors_total += len(errors)
         return RoutesApplied(plan.generation, t_in, replaced, deleted, tuple(errors), d.conflicts)
 
+    async def close(self) -> None:
+        """At daemon stop: routes, and the nexthop groups they point at, stay as they are
+        (traffic must not drop because the daemon stops; deleting a group deletes its routes);
+        nexthop objects of ours that nothing uses (a dead rail's leaf kept for its failback)
+        are deleted; the sockets are closed."""
+        try:
+            if self._nl is not None or self.settings.nexthop_objects:
+                ipr = await self._ipr()
+                n = await self._gc_objects(ipr, self.settings)
+                if n:
+                    log.info("stop: deleted %d unused nexthop object%s of ours", n, "" if n == 1 else "s")
+        finally:
+            self._drop_caches()
+            self._gc_objects_pending = True
+
     # ------------------------------------------------------------------ nexthop objects
 
     def _nlsock(self) -> NexthopSocket:

@@ -95,8 +95,8 @@ class NhOp:
 
 @dataclass(frozen=True)
 class NhDiff:
-    """Result of :func:`nh_diff`: ``ops`` in order, conflicts found, and the object picture
-    (id -> object, ours only) the kernel holds once ``ops`` are applied."""
+    """Result of :func:`nh_diff`: ``ops`` in the order to apply them, and conflicts found
+    (:func:`apply_to_picture` gives the state once they are applied)."""
 
     ops: tuple[NhOp, ...]
     conflicts: tuple[str, ...]

@@ -32,6 +32,10 @@ CHILD = textwrap.dedent("""
                 a = RouteActuator(lambda e: None, RouteSettings(201, 254, c.get("objects", True)))
             a.reconfigure(RouteSettings(201, 254, c.get("objects", True)))
             routes = tuple(RouteSpec(d, tuple(sorted(NH[k] for k in rails)), "198.19.242.1", 254, 0, 201) for d, rails in c["routes"])
+            if c.get("close"):
+                await a.close()
+                print(json.dumps({}), flush=True)
+                continue
             r = await a.reconcile(ApplyRoutes(c["gen"], routes), full=c.get("full", False))
             print(json.dumps({"replaced": r.replaced, "deleted": r.deleted, "errors": list(r.errors), "conflicts": list(r.conflicts)}), flush=True)
     asyncio.run(main())
@@ -142,6 +146,18 @@ def test_restart_adopts_existing_objects_without_any_kernel_change(pair):
     r = pair.apply((0, 1), new=True)  # a new actuator (a restarted daemon) reads the kernel
     assert (r["replaced"], r["deleted"], r["errors"]) == (0, 0, [])
     assert (pair.nexthops(), pair.routes()) == before
+
+
+def test_stop_keeps_routes_and_their_groups_and_deletes_unused_objects(pair):
+    pair.apply((0, 1))
+    gid = pair.routes()[0]["nhid"]
+    pair.apply((1,))  # rail 0's leaf stays for the failback while the daemon runs
+    assert {o.get("dev") for o in pair.ours().values()} == {"r0", "r1", None}
+    sh("ip", "-n", pair.a, "nexthop", "add", "id", "7", "via", "198.18.242.2", "dev", "r0")  # not ours
+    pair.apply(close=True)
+    (route,) = pair.routes()
+    assert route["nhid"] == gid and pair.members(gid) == {"r1"}
+    assert {o.get("dev") for o in pair.ours().values()} == {"r1", None} and 7 in pair.nexthops()
 
 
 def test_foreign_objects_and_ids_are_left_alone(pair):
