@@ -15,6 +15,8 @@ Part 2, ``stall_ms`` (emulated fabric ``--name``, 2 hosts x 2 rails, real daemon
 flow (1 KiB every 1 ms) from host 0 to host 1's host IP; the rail carrying it (tx counters) is
 cut on host 0 with ``carrier-loss``; ``stall_ms`` is the longest gap between two receptions at
 host 1 from 50 ms before the cut to 3 s after it (3 s: no recovery seen = the flow is stuck).
+With the daemons up, host 0's history also gives ``detect_ms`` and ``reroute_ms`` (DOWN
+recorded -> the first plan without the rail ACKed), defined as in bench/detect_reroute.py.
 "daemon" runs with the daemons up; "kernel only" starts them (routes installed), stops them
 (SIGTERM leaves routes as they are), then cuts.  Each cut uses a fresh daemon start.
 
@@ -160,6 +162,7 @@ def one_cut(cl: BenchCluster, daemon: bool, port: int) -> dict:
     tx.wait(10)
     out, _ = rx.communicate(timeout=15)
     ts = json.loads(out.strip().splitlines()[-1])
+    daemon_ms = daemon_figures(cl, cl.host(0)["rails"][rail]["rail"], t_cut) if daemon else {}
     fab.heal(cl.name)
     window = [t for t in ts if t >= t_cut - 50_000_000]
     prev = t_cut - 50_000_000
@@ -173,7 +176,22 @@ def one_cut(cl: BenchCluster, daemon: bool, port: int) -> dict:
     for i in range(cl.hosts):
         if cl.procs.get(i) and cl.procs[i].poll() is None:
             cl.stop(i)
-    return {"rail": rail, "stall_ms": round(min(gap, 3_000_000_000) / 1e6, 3), "recovered": bool(window and window[-1] > t_cut)}
+    return {"rail": rail, "stall_ms": round(min(gap, 3_000_000_000) / 1e6, 3), "recovered": bool(window and window[-1] > t_cut),
+            **daemon_ms}
+
+
+def daemon_figures(cl: BenchCluster, rail: int, t_cut: int) -> dict:
+    """From host 0's history: ``detect_ms`` (cut -> rail DOWN) and ``reroute_ms`` (DOWN -> the
+    kernel's ACK of the first plan without the rail), as bench/detect_reroute.py defines them."""
+    h = [e for e in cl.history(0) if e["t_ns"] >= t_cut]
+    first = lambda pred: next((e for e in h if pred(e)), None)  # noqa: E731
+    down = first(lambda e: e["kind"] == "rail" and e["rail"] == rail and e["new"] == "DOWN")
+    if not down:
+        return {"detect_ms": None, "reroute_ms": None}
+    plan = first(lambda e: e["kind"] == "plan" and e["t_ns"] >= down["t_ns"] and rail not in e["usable"])
+    ap = plan and first(lambda e: e["kind"] == "routes_applied" and e["generation"] >= plan["generation"])
+    return {"detect_ms": round((down["t_ns"] - t_cut) / 1e6, 3),
+            "reroute_ms": round((ap["t_ns"] - down["t_ns"]) / 1e6, 3) if ap else None}
 
 
 def stalls(args, objects: bool) -> dict:
@@ -191,6 +209,9 @@ def stalls(args, objects: bool) -> dict:
                 print(f"  {'nexthop_objects' if objects else 'inline'} {'daemon' if daemon else 'kernel only'} cut {n}: {rows[-1]}", flush=True)
             res["daemon" if daemon else "kernel_only"] = {"cuts": rows, "stall_ms": summary([r["stall_ms"] for r in rows]),
                                                           "not_recovered": sum(not r["recovered"] for r in rows)}
+            if daemon:
+                res["daemon"]["reroute_ms"] = summary([r["reroute_ms"] for r in rows if r.get("reroute_ms") is not None])
+                res["daemon"]["detect_ms"] = summary([r["detect_ms"] for r in rows if r.get("detect_ms") is not None])
     finally:
         cl.close()
     return res
@@ -231,6 +252,10 @@ def main() -> int:
             s = v["stall_ms"]
             print(f"{'':16s} TCP stall at carrier loss, {k:11s}: p50 {s['p50']:.1f} ms max {s['max']:.1f} ms, "
                   f"not recovered {v['not_recovered']}/{len(v['cuts'])}")
+            if "reroute_ms" in v and v["reroute_ms"]["n"]:
+                r, d = v["reroute_ms"], v["detect_ms"]
+                print(f"{'':16s} in the daemon: detect p50 {d['p50']:.2f} ms, local reroute (DOWN -> routes ACKed) "
+                      f"p50 {r['p50']:.2f} p99 {r['p99']:.2f} ms over {r['n']} cuts")
     if args.json:
         write_json(args.json, report)
     return 0
