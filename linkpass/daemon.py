@@ -237,6 +237,12 @@ class DeviceFaultNotifier:
         return [outcome]
 
 
+def route_settings(cfg) -> RouteSettings:
+    """What the route actuator owns, from the ``[daemon]`` table."""
+    d = cfg.daemon
+    return RouteSettings(d.route_protocol, d.route_table, d.nexthop_objects, d.nexthop_id_base)
+
+
 class Daemon:
     """One linkpass daemon for the current network namespace.
 
@@ -261,7 +267,7 @@ class Daemon:
         if self.key is None:
             log.warning("no notice_key_file configured: peer notices are disabled")
         self.monitor = NetlinkMonitor(self.queue.put_nowait, self._route_filter, cfg.daemon.netlink_rcvbuf_bytes)
-        self.routes = RouteActuator(self.queue.put_nowait, RouteSettings(cfg.daemon.route_protocol, cfg.daemon.route_table))
+        self.routes = RouteActuator(self.queue.put_nowait, route_settings(cfg))
         self.notices = NoticeService(cfg, self.key, self.queue.put_nowait) if self.key else None
         self.probe_filter = ProbeFilter(probe_policy(cfg.probe), self.queue.put_nowait)
         self.prober = Prober(cfg, self.key, self.probe_filter) if (self.key and cfg.probe.enabled) else None
@@ -754,7 +760,7 @@ class Daemon:
             log.warning("[hooks] socket is now %s (was %s); the new hooks socket takes effect only after a restart, "
                         "until then hooks keep connecting to %s", new_hooks or "off", old_hooks or "off", old_hooks or "nothing")
         self.cfg = cfg
-        self.routes.reconfigure(RouteSettings(cfg.daemon.route_protocol, cfg.daemon.route_table))
+        self.routes.reconfigure(route_settings(cfg))
         if self.notices and key:
             self.notices.reconfigure(cfg, key)
         if self.prober and key:
@@ -842,6 +848,10 @@ class Daemon:
         for t in self.tasks.values():
             t.cancel()
         await asyncio.gather(*self.tasks.values(), return_exceptions=True)
+        try:
+            await asyncio.wait_for(self.routes.close(), 2.0)
+        except (asyncio.TimeoutError, OSError) as e:
+            log.warning("route actuator clean-up at stop: %s", e or "timed out")
         if self.notices:
             self.notices.close()
         if self.prober:

@@ -28,6 +28,9 @@ class FakeRouteWriter:
         self.errors_total = 0
         self.fail: BaseException | None = None
 
+    async def close(self) -> None:
+        self.closed = True
+
     def submit(self, plan: ApplyRoutes) -> None:
         if self.fail is not None:
             raise self.fail

@@ -38,6 +38,10 @@ class RouteWriter(Protocol):
 
     async def refresh_neighbors(self, netdev: str) -> int: ...
 
+    async def close(self) -> None:
+        """At daemon stop: leave the routes in place, drop what of ours nothing uses."""
+        ...
+
 
 @runtime_checkable
 class NoticeSender(Protocol):

@@ -2,7 +2,10 @@
 
 Routes are plain or ECMP multipath IPv4 routes (RTA_MULTIPATH) tagged with our routing
 protocol number; only routes carrying that tag are ever replaced or deleted
-(:mod:`linkpass.core.reconcile`).  Work is "latest wins": while one reconciliation runs,
+(:mod:`linkpass.core.reconcile`).  With ``nexthop_objects`` each route instead points at a
+nexthop group of ours (:mod:`linkpass.core.nexthops`, messages in
+:mod:`linkpass.adapters.nhlink`): a plan change is one atomic group replace per destination,
+and the kernel itself drops a leaf whose netdev loses carrier from every group.  Work is "latest wins": while one reconciliation runs,
 newer plans overwrite the pending one, so a flapping link cannot queue up stale work.
 After each pass the actuator posts :class:`~linkpass.core.model.RoutesApplied` with the
 monotonic time the last kernel ACK arrived.
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import errno
 from dataclasses import dataclass
 import logging
 import socket
@@ -25,7 +29,17 @@ from collections.abc import Callable, Mapping
 from pyroute2 import AsyncIPRoute
 from pyroute2.netlink.exceptions import NetlinkError
 
+from linkpass.adapters.nhlink import (
+    RTA_NH_ID,
+    NetlinkNackError,
+    NexthopSocket,
+    nexthop_delete_request,
+    nexthop_request,
+    route_delete_request,
+    route_request,
+)
 from linkpass.core.model import ApplyRoutes, Event, Nexthop, RouteSpec, RoutesApplied
+from linkpass.core.nexthops import IdRange, IdsExhausted, NexthopObject, NhOp, apply_to_picture, nh_diff
 from linkpass.core.reconcile import diff
 
 log = logging.getLogger("linkpass.routes")
@@ -60,7 +74,17 @@ def route_from_msg(msg, names: Mapping[int, str]) -> RouteSpec | None:
         if oif is not None:
             nhs.append(Nexthop(gw or "", names.get(oif, f"if{oif}")))
     table = msg.get("table") or 254
-    return RouteSpec(prefix, tuple(sorted(nhs)), msg.get("prefsrc"), int(table), int(msg.get("priority") or 0), int(msg.get("proto") or 0))
+    # pyroute2 reads RTA_NH_ID (30) as UNKNOWN without its value: 0 says "some nexthop object"
+    nhid = 0 if any(_is_nh_id(a) for a in msg.get("attrs", ()) or ()) else None
+    return RouteSpec(prefix, tuple(sorted(nhs)), msg.get("prefsrc"), int(table), int(msg.get("priority") or 0), int(msg.get("proto") or 0), nhid)
+
+
+def _is_nh_id(attr) -> bool:
+    """Whether a decoded route attribute (pyroute2 nla_slot or a plain pair) is RTA_NH_ID."""
+    try:
+        return attr[0] == "UNKNOWN" and attr[1]["header"]["type"] == RTA_NH_ID
+    except (KeyError, IndexError, TypeError):
+        return False
 
 
 def link_names(links) -> dict[int, str]:
@@ -107,13 +131,27 @@ def neighbors_to_purge(entries, ifindex: int, only_states: int | None = None) ->
     return out
 
 
+#: First id of the nexthop objects linkpass owns, and how many it may use (ids are u32; iproute2
+#: and FRR allocate from the bottom, so ours sit high).
+DEFAULT_NEXTHOP_ID_BASE = 0x4C500000
+NEXTHOP_ID_COUNT = 1 << 16
+
+
 @dataclass(frozen=True)
 class RouteSettings:
     """What the actuator owns: the routes tagged with routing protocol number ``proto``
-    (rtm_protocol, 5..255) in routing table ``table`` (254 = main)."""
+    (rtm_protocol, 5..255) in routing table ``table`` (254 = main); with ``nexthop_objects``
+    also the nexthop objects tagged ``proto`` with ids ``nexthop_id_base`` ..
+    ``nexthop_id_base + NEXTHOP_ID_COUNT - 1``."""
 
     proto: int
     table: int = 254
+    nexthop_objects: bool = False
+    nexthop_id_base: int = DEFAULT_NEXTHOP_ID_BASE
+
+    @property
+    def ids(self) -> IdRange:
+        return IdRange(self.nexthop_id_base, NEXTHOP_ID_COUNT)
 
 
 class RouteActuator:
@@ -136,6 +174,10 @@ class RouteActuator:
         self._sock: AsyncIPRoute | None = None
         self._cache: list[RouteSpec] | None = None
         self._idx: dict[str, int] = {}
+        self._nl: NexthopSocket | None = None
+        # nexthop-object mode: the (routes, objects) picture after the last pass
+        self._nh_cache: tuple[list[RouteSpec], list[NexthopObject]] | None = None
+        self._gc_objects_pending = True  # inline mode: drop our objects left by nexthop mode, once
 
     @property
     def proto(self) -> int:
@@ -149,8 +191,11 @@ class RouteActuator:
         """Adopt new settings (a reloaded config) from the next pass on; a changed table or
         protocol makes that pass read the kernel again (the cached picture is of the old ones)."""
         if settings != self.settings:
+            if settings.nexthop_objects != self.settings.nexthop_objects:
+                self._gc_objects_pending = True
             self.settings = settings
             self._cache = None
+            self._nh_cache = None
 
     def submit(self, plan: ApplyRoutes) -> None:
         """Queue a plan (replacing any not yet started one; a resync request is kept)."""
@@ -177,7 +222,11 @@ class RouteActuator:
 
     def _drop_caches(self) -> None:
         self._cache = None
+        self._nh_cache = None
         self._idx = {}
+        if self._nl is not None:
+            self._nl.close()
+            self._nl = None
         if self._sock is not None:
             try:
                 self._sock.close()
@@ -222,8 +271,10 @@ class RouteActuator:
         ``RoutesApplied.t_ns`` is when the wanted routes were in the kernel (the ACK of the
         last replacement; the end of the pass if nothing needed replacing).
         """
-        errors: list[str] = []
         settings = self.settings  # one pass, one picture: a reconfigure takes effect on the next
+        if settings.nexthop_objects:
+            return await self._reconcile_nh(plan, full, settings)
+        errors: list[str] = []
         ipr = await self._ipr()
         replaced = deleted = 0
         t_in = None
@@ -251,9 +302,161 @@ class RouteActuator:
             self._drop_caches()
         elif self.settings == settings:
             self._cache = list(have.values())
+        if self._gc_objects_pending and not errors:
+            self._gc_objects_pending = False
+            deleted += await self._gc_objects(ipr, settings)
         self.ops_total += replaced + deleted
         self.errors_total += len(errors)
         return RoutesApplied(plan.generation, t_in, replaced, deleted, tuple(errors), d.conflicts)
+
+    async def close(self) -> None:
+        """At daemon stop: routes, and the nexthop groups they point at, stay as they are
+        (traffic must not drop because the daemon stops; deleting a group deletes its routes);
+        nexthop objects of ours that nothing uses (a dead rail's leaf kept for its failback)
+        are deleted; the sockets are closed."""
+        try:
+            if self._nl is not None or self.settings.nexthop_objects:
+                ipr = await self._ipr()
+                n = await self._gc_objects(ipr, self.settings)
+                if n:
+                    log.info("stop: deleted %d unused nexthop object%s of ours", n, "" if n == 1 else "s")
+        finally:
+            self._drop_caches()
+            self._gc_objects_pending = True
+
+    # ------------------------------------------------------------------ nexthop objects
+
+    def _nlsock(self) -> NexthopSocket:
+        if self._nl is None:
+            self._nl = NexthopSocket()
+        return self._nl
+
+    async def observed_nh(self, ipr: AsyncIPRoute, settings: RouteSettings) -> tuple[list[RouteSpec], list[NexthopObject]]:
+        """Every IPv4 route of our table (with ``nhid``) and every nexthop object of the
+        namespace (ours and others')."""
+        names = link_names([link async for link in await ipr.link("dump")])
+        nl = self._nlsock()
+        return nl.routes(names, settings.table), nl.objects(names)
+
+    async def _gc_objects(self, ipr: AsyncIPRoute, settings: RouteSettings) -> int:
+        """Inline mode: delete our nexthop objects no route uses (left by nexthop-object mode)."""
+        try:
+            routes, objects = await self.observed_nh(ipr, settings)
+            d = nh_diff((), routes, objects, settings.proto, settings.ids, keep_dsts=frozenset(r.dst for r in routes))
+            n, _errs = self._apply_nh([op for op in d.ops if op.op in ("delete-group", "delete-nexthop")], [])
+            return n[1]
+        except (NetlinkError, OSError) as e:
+            log.debug("nexthop object clean-up: %s", e)
+            return 0
+
+    def _apply_nh(self, ops: list[NhOp], errors: list[str]) -> tuple[tuple[int, int, int | None], list[NhOp]]:
+        """Apply ``ops`` in order over the nexthop socket.  Returns ((replaced, deleted,
+        monotonic ns after the last add/replace or None), the ops that took effect).  A delete
+        of something already gone (the kernel flushes a leaf whose netdev lost carrier) counts
+        as done."""
+        nl = self._nlsock()
+        replaced = deleted = 0
+        t_last = None
+        done: list[NhOp] = []
+        for op in ops:
+            try:
+                if op.op in ("add-nexthop", "replace-group"):
+                    assert op.obj is not None
+                    obj = op.obj
+                    idx = {obj.netdev: self._idx[obj.netdev]} if obj.netdev else {}
+                    nl.request(lambda seq: nexthop_request(obj, idx, seq))
+                    replaced += 1
+                    t_last = time.monotonic_ns()
+                elif op.op == "replace-route":
+                    assert op.route is not None and op.nhid is not None
+                    nl.request(lambda seq: route_request(op.route, op.nhid, seq))
+                    replaced += 1
+                    t_last = time.monotonic_ns()
+                else:
+                    try:
+                        if op.op == "delete-route":
+                            assert op.route is not None
+                            nl.request(lambda seq: route_delete_request(op.route, seq))
+                        else:
+                            assert op.obj is not None
+                            nl.request(lambda seq: nexthop_delete_request(op.obj.id, seq))
+                    except NetlinkNackError as e:
+                        if e.errno not in (errno.ENOENT, errno.ESRCH):
+                            raise
+                    deleted += 1
+                done.append(op)
+                log.info("nexthop %s", op.describe())
+            except (NetlinkError, OSError, KeyError, ValueError) as e:
+                errors.append(f"{op.describe()}: {e}")
+                log.error("nexthop %s failed: %s", op.describe(), e)
+        return (replaced, deleted, t_last), done
+
+    async def _reconcile_nh(self, plan: ApplyRoutes, full: bool, settings: RouteSettings) -> RoutesApplied:
+        """One pass in nexthop-object mode (same contract as :meth:`reconcile`).
+
+        The cached picture is used unless ``full`` or nothing is cached; with ``full`` and a
+        cache, the adds and replaces computed from the cache go in first and the dump follows.
+        Leaves no group uses are deleted only by a pass that dumped the kernel.
+        A failed operation (the kernel changed our objects under us: a flushed leaf, another
+        process) makes the pass dump the kernel and diff again, once; only the second
+        attempt's errors are reported.
+        """
+        ipr = await self._ipr()
+        replaced = deleted = 0
+        t_in = None
+        conflicts: tuple[str, ...] = ()
+        errors: list[str] = []
+        for attempt in (0, 1):
+            errors = []
+            try:
+                for nh in {n.netdev for r in plan.routes for n in r.nexthops}:
+                    try:
+                        await self._ifindex(ipr, nh)
+                    except KeyError:
+                        pass  # the op naming it fails and is reported
+                if full and self._nh_cache is not None and attempt == 0:
+                    routes, objects = self._nh_cache
+                    early = nh_diff(plan.routes, routes, objects, settings.proto, settings.ids, plan.keep_dsts)
+                    (rep, _, t), _ = self._apply_nh([op for op in early.ops if not op.op.startswith("delete")], errors)
+                    replaced += rep
+                    t_in = t or t_in
+                    self._nh_cache = None
+                    errors = []  # the dump below finds and redoes what failed
+                dumped = self._nh_cache is None
+                if dumped:
+                    self._nh_cache = await self.observed_nh(ipr, settings)
+                routes, objects = self._nh_cache
+                d = nh_diff(plan.routes, routes, objects, settings.proto, settings.ids, plan.keep_dsts)
+            except IdsExhausted as e:
+                errors.append(str(e))
+                break
+            conflicts = d.conflicts
+            # An unused leaf is harmless and is what the next failback needs: it is deleted only
+            # by a pass that read the kernel, so a reroute stays one group replace.
+            ops = [op for op in d.ops if dumped or op.op != "delete-nexthop"]
+            (rep, dele, t_last), done = self._apply_nh(ops, errors)
+            replaced += rep
+            deleted += dele
+            t_in = t_last or t_in
+            self._nh_cache = apply_to_picture(done, routes, objects)
+            if not errors:
+                break
+            self._nh_cache = None  # re-read what the kernel really holds
+            self._idx = {}
+        t_in = t_in or time.monotonic_ns()
+        if replaced or deleted:
+            self.flush_route_cache()
+        for netdev in plan.purge_neighbors:
+            await self.purge_neighbors(ipr, netdev)
+        for c in conflicts:
+            log.warning("route conflict: %s", c)
+        if errors:
+            self._drop_caches()
+        elif self.settings != settings:
+            self._nh_cache = None
+        self.ops_total += replaced + deleted
+        self.errors_total += len(errors)
+        return RoutesApplied(plan.generation, t_in, replaced, deleted, tuple(errors), conflicts)
 
     async def refresh_neighbors(self, netdev: str) -> int:
         """Delete ``netdev``'s unresolved (INCOMPLETE/FAILED) entries; see RefreshNeighbors."""

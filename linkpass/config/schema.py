@@ -114,6 +114,12 @@ class DaemonSection(_Strict):
     ignore_routes_with_linkdown: StrictBool = Field(True, description="Set net.ipv4.conf.<rail>.ignore_routes_with_linkdown=1 "
                                               "on every rail netdev, so the kernel itself stops choosing a nexthop "
                                               "whose carrier is gone in the milliseconds before linkpass replaces the routes.")
+    nexthop_objects: StrictBool = Field(False, description="Install each peer route as a route to a kernel nexthop group "
+                                        "(`ip nexthop`, Linux >= 5.3) instead of inline nexthops: a plan change is one atomic "
+                                        "group replace, and the kernel itself removes a rail's nexthop from every group when its "
+                                        "netdev loses carrier (bench/README.md, kernel_reroute).")
+    nexthop_id_base: StrictInt = Field(0x4C500000, ge=1, le=2**32 - 1 - 65536, description="First id of the 65536 nexthop object "
+                                       "ids linkpass owns (with route_protocol as their protocol); ids held by anything else are skipped.")
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log level (`linkpass run --log-level` overrides it).")
 
     @field_validator("host")

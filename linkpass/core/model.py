@@ -308,7 +308,9 @@ class RouteSpec:
     """A route we want in the kernel (or one we saw there).
 
     ``dst`` is a prefix in CIDR form (``198.19.0.2/32``); ``nexthops`` are sorted; one
-    nexthop means a plain route, several mean an ECMP multipath route.
+    nexthop means a plain route, several mean an ECMP multipath route.  ``nhid`` is the
+    nexthop object the kernel route points at (RTA_NH_ID; None: nexthops inline); for such a
+    route ``nexthops`` are what the kernel resolved the object to.
     """
 
     dst: str
@@ -317,6 +319,7 @@ class RouteSpec:
     table: int = 254
     metric: int = 0
     proto: int = 0
+    nhid: int | None = None
 
     @property
     def key(self) -> tuple[str, int, int]:
@@ -324,9 +327,11 @@ class RouteSpec:
         return (self.dst, self.table, self.metric)
 
     def same_forwarding(self, other: "RouteSpec") -> bool:
-        """True when both send traffic the same way (nexthop gateways and netdevs, source)."""
+        """True when both send traffic the same way (nexthop gateways and netdevs, source) and
+        through the same kind of nexthops (inline, or the same nexthop object)."""
         strip = lambda nhs: tuple(sorted((n.gateway, n.netdev) for n in nhs))  # noqa: E731
-        return strip(self.nexthops) == strip(other.nexthops) and self.prefsrc == other.prefsrc and self.proto == other.proto
+        return (strip(self.nexthops) == strip(other.nexthops) and self.prefsrc == other.prefsrc and self.proto == other.proto
+                and self.nhid == other.nhid)
 
     def describe(self) -> str:
         """``ip route``-like one-line text."""

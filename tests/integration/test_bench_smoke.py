@@ -60,3 +60,17 @@ def test_bench_detect_no_bfd_smoke(tmp_path):
     lp = r["linkpass"]
     assert lp["misses"] == 0 and lp["detect_ms"]["n"] == 2 and lp["false_failovers"] == 0
     assert all(d["vmhwm_mb"] > 0 for d in lp["daemons"])
+
+
+def test_kernel_reroute_smoke(tmp_path):
+    out = tmp_path / "kr.json"
+    p = subprocess.run([sys.executable, str(BENCH / "kernel_reroute.py"), "--plans", "6", "--cuts", "1", "--name", "bnsmn", "--json", str(out)],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    r = json.loads(out.read_text())
+    assert r["schema"] == "linkpass.bench.kernel_reroute/v1"
+    for mode in ("nexthop_objects", "inline"):
+        m = r["modes"][mode]
+        assert m["errors"] == 0 and m["reroute_apply_ms"]["n"] == 3
+        assert m["stall"]["daemon"]["cuts"][0]["reroute_ms"] is not None
+        assert len(m["stall"]["kernel_only"]["cuts"]) == 1

@@ -1,0 +1,314 @@
+"""rtnetlink for nexthop objects: RTM_{NEW,DEL,GET}NEXTHOP and routes with RTA_NH_ID.
+
+pyroute2 0.9.7 (the newest release) has no nexthop messages and drops the value of RTA_NH_ID
+from route dumps (it reads as an ``UNKNOWN`` attribute), so this module speaks those few
+messages itself over one NETLINK_ROUTE socket.  Layouts are the kernel's uapi headers:
+``struct nhmsg`` and ``NHA_*`` (include/uapi/linux/nexthop.h), ``struct rtmsg`` and
+``RTA_*`` (include/uapi/linux/rtnetlink.h).  rtnetlink handles a request inside ``sendmsg``,
+so the ACK (or a dump's messages) is queued when ``send`` returns: a blocking socket costs the
+event loop no more than the kernel's own work.
+
+The encoders (:func:`nexthop_request`, :func:`route_request`, ...) and decoders
+(:func:`parse_messages`, :func:`object_from_msg`, :func:`route_from_nlmsg`) are pure, tested
+on bytes (tests/unit/test_nexthops.py).  Errors: :class:`NetlinkNackError` carries the
+kernel's errno.
+"""
+
+from __future__ import annotations
+
+import errno as _errno
+import os
+import socket
+import struct
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+
+from linkpass.core.model import Nexthop, RouteSpec
+from linkpass.core.nexthops import NexthopObject
+
+NLMSG_ERROR = 2
+NLMSG_DONE = 3
+NLM_F_REQUEST = 0x01
+NLM_F_MULTI = 0x02
+NLM_F_ACK = 0x04
+NLM_F_DUMP = 0x300
+NLM_F_REPLACE = 0x100
+NLM_F_EXCL = 0x200
+NLM_F_CREATE = 0x400
+
+RTM_NEWROUTE, RTM_DELROUTE, RTM_GETROUTE = 24, 25, 26
+RTM_NEWNEXTHOP, RTM_DELNEXTHOP, RTM_GETNEXTHOP = 104, 105, 106
+
+NHA_ID, NHA_GROUP, NHA_GROUP_TYPE, NHA_BLACKHOLE, NHA_OIF, NHA_GATEWAY = 1, 2, 3, 4, 5, 6
+NHA_FDB = 11
+RTA_DST, RTA_OIF, RTA_GATEWAY, RTA_PRIORITY, RTA_PREFSRC, RTA_MULTIPATH, RTA_TABLE, RTA_NH_ID = 1, 4, 5, 6, 7, 9, 15, 30
+RTN_UNICAST = 1
+RT_SCOPE_UNIVERSE = 0
+RT_TABLE_UNSPEC = 0
+
+_NLMSGHDR = struct.Struct("=IHHII")  # len, type, flags, seq, pid
+_NHMSG = struct.Struct("=BBBBI")  # family, scope, protocol, resvd, flags
+_RTMSG = struct.Struct("=BBBBBBBBI")  # family, dst_len, src_len, tos, table, protocol, scope, type, flags
+_NLATTR = struct.Struct("=HH")
+_NHGRP = struct.Struct("=IBBH")  # id, weight-1, resvd1, resvd2
+_RTNH = struct.Struct("=HBBi")  # len, flags, hops, ifindex
+
+
+class NetlinkNackError(OSError):
+    """The kernel refused a request (``errno`` is the kernel's)."""
+
+
+def _align(n: int) -> int:
+    return (n + 3) & ~3
+
+
+def _attr(kind: int, payload: bytes) -> bytes:
+    n = _NLATTR.size + len(payload)
+    return _NLATTR.pack(n, kind) + payload + b"\0" * (_align(n) - n)
+
+
+def _u32(kind: int, v: int) -> bytes:
+    return _attr(kind, struct.pack("=I", v))
+
+
+def _ip4(kind: int, text: str) -> bytes:
+    return _attr(kind, socket.inet_aton(text))
+
+
+def _message(mtype: int, flags: int, seq: int, body: bytes) -> bytes:
+    return _NLMSGHDR.pack(_NLMSGHDR.size + len(body), mtype, flags, seq, 0) + body
+
+
+def nexthop_request(obj: NexthopObject, ifindex: Mapping[str, int], seq: int, replace: bool = True) -> bytes:
+    """RTM_NEWNEXTHOP creating (or, with ``replace``, replacing) ``obj``: a leaf ``via gateway
+    dev netdev`` or a group of its member ids (equal weights).  Raises KeyError for a leaf's
+    netdev missing from ``ifindex``."""
+    flags = NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | (NLM_F_REPLACE if replace else NLM_F_EXCL)
+    attrs = _u32(NHA_ID, obj.id)
+    if obj.group:
+        family = socket.AF_UNSPEC
+        attrs += _attr(NHA_GROUP, b"".join(_NHGRP.pack(i, 0, 0, 0) for i in obj.group))
+    else:
+        family = socket.AF_INET
+        attrs += _u32(NHA_OIF, ifindex[obj.netdev])
+        if obj.gateway:
+            attrs += _ip4(NHA_GATEWAY, obj.gateway)
+    return _message(RTM_NEWNEXTHOP, flags, seq, _NHMSG.pack(family, 0, obj.proto, 0, 0) + attrs)
+
+
+def nexthop_delete_request(nhid: int, seq: int) -> bytes:
+    """RTM_DELNEXTHOP of object ``nhid``."""
+    return _message(RTM_DELNEXTHOP, NLM_F_REQUEST | NLM_F_ACK, seq, _NHMSG.pack(socket.AF_UNSPEC, 0, 0, 0, 0) + _u32(NHA_ID, nhid))
+
+
+def nexthop_dump_request(seq: int) -> bytes:
+    """RTM_GETNEXTHOP dump of every object of the namespace."""
+    return _message(RTM_GETNEXTHOP, NLM_F_REQUEST | NLM_F_DUMP, seq, _NHMSG.pack(socket.AF_UNSPEC, 0, 0, 0, 0))
+
+
+def _rtmsg(r: RouteSpec, rtype: int = RTN_UNICAST) -> tuple[bytes, bytes]:
+    dst, _, plen = r.dst.partition("/")
+    table = r.table if r.table < 256 else RT_TABLE_UNSPEC
+    head = _RTMSG.pack(socket.AF_INET, int(plen or 32), 0, 0, table, r.proto, RT_SCOPE_UNIVERSE, rtype, 0)
+    attrs = _ip4(RTA_DST, dst) + _u32(RTA_TABLE, r.table) + _u32(RTA_PRIORITY, r.metric)
+    return head, attrs
+
+
+def route_request(r: RouteSpec, nhid: int, seq: int) -> bytes:
+    """RTM_NEWROUTE (create or replace) of ``r`` pointing at nexthop object ``nhid``."""
+    head, attrs = _rtmsg(r)
+    if r.prefsrc:
+        attrs += _ip4(RTA_PREFSRC, r.prefsrc)
+    attrs += _u32(RTA_NH_ID, nhid)
+    return _message(RTM_NEWROUTE, NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_REPLACE, seq, head + attrs)
+
+
+def route_delete_request(r: RouteSpec, seq: int) -> bytes:
+    """RTM_DELROUTE of our route ``r`` (matched by dst, table, metric and protocol)."""
+    head, attrs = _rtmsg(r, rtype=0)
+    return _message(RTM_DELROUTE, NLM_F_REQUEST | NLM_F_ACK, seq, head + attrs)
+
+
+def route_dump_request(seq: int) -> bytes:
+    """RTM_GETROUTE dump of the IPv4 routes (all tables; the caller filters)."""
+    return _message(RTM_GETROUTE, NLM_F_REQUEST | NLM_F_DUMP, seq, _RTMSG.pack(socket.AF_INET, 0, 0, 0, 0, 0, 0, 0, 0))
+
+
+@dataclass(frozen=True)
+class NlMsg:
+    """One netlink message: type, flags, seq, body (after the nlmsghdr)."""
+
+    type: int
+    flags: int
+    seq: int
+    body: bytes
+
+
+def parse_messages(data: bytes) -> Iterator[NlMsg]:
+    """The netlink messages in one datagram; a truncated tail is dropped."""
+    off = 0
+    while off + _NLMSGHDR.size <= len(data):
+        n, t, f, seq, _pid = _NLMSGHDR.unpack_from(data, off)
+        if n < _NLMSGHDR.size or off + n > len(data):
+            return
+        yield NlMsg(t, f, seq, data[off + _NLMSGHDR.size: off + n])
+        off += _align(n)
+
+
+def parse_attrs(data: bytes) -> dict[int, bytes]:
+    """type -> payload of the netlink attributes in ``data`` (the nested bit stripped; the
+    first of a repeated type wins)."""
+    out: dict[int, bytes] = {}
+    off = 0
+    while off + _NLATTR.size <= len(data):
+        n, t = _NLATTR.unpack_from(data, off)
+        if n < _NLATTR.size or off + n > len(data):
+            break
+        out.setdefault(t & 0x3FFF, data[off + _NLATTR.size: off + n])
+        off += _align(n)
+    return out
+
+
+def nack_errno(m: NlMsg) -> int:
+    """The errno of an NLMSG_ERROR (0: an ACK)."""
+    return -struct.unpack_from("=i", m.body)[0]
+
+
+def object_from_msg(body: bytes, names: Mapping[int, str]) -> NexthopObject | None:
+    """An RTM_NEWNEXTHOP body as :class:`NexthopObject`; None without NHA_ID.  ``names`` maps
+    ifindex -> netdev (unknown: ``if<N>``)."""
+    if len(body) < _NHMSG.size:
+        return None
+    family, _scope, proto, _r, _flags = _NHMSG.unpack_from(body)
+    a = parse_attrs(body[_NHMSG.size:])
+    if NHA_ID not in a:
+        return None
+    nhid = struct.unpack("=I", a[NHA_ID][:4])[0]
+    group = ()
+    if NHA_GROUP in a:
+        raw = a[NHA_GROUP]
+        group = tuple(_NHGRP.unpack_from(raw, i)[0] for i in range(0, len(raw) - _NHGRP.size + 1, _NHGRP.size))
+    netdev = ""
+    if NHA_OIF in a:
+        oif = struct.unpack("=I", a[NHA_OIF][:4])[0]
+        netdev = names.get(oif, f"if{oif}")
+    gateway = ""
+    if NHA_GATEWAY in a and family == socket.AF_INET and len(a[NHA_GATEWAY]) == 4:
+        gateway = socket.inet_ntoa(a[NHA_GATEWAY])
+    elif NHA_GATEWAY in a:
+        gateway = a[NHA_GATEWAY].hex()  # IPv6: not ours; kept readable for logs
+    return NexthopObject(nhid, proto, gateway, netdev, group, NHA_BLACKHOLE in a, NHA_FDB in a)
+
+
+def route_from_nlmsg(body: bytes, names: Mapping[int, str]) -> RouteSpec | None:
+    """An RTM_NEWROUTE body (IPv4 unicast) as :class:`RouteSpec` with ``nhid`` when the route
+    points at a nexthop object; None for other families or route types.  Like
+    :func:`linkpass.adapters.routes.route_from_msg`: sorted nexthops, "" for no gateway,
+    table from RTA_TABLE (else rtm_table)."""
+    if len(body) < _RTMSG.size:
+        return None
+    family, dst_len, _s, _tos, table, proto, _scope, rtype, _flags = _RTMSG.unpack_from(body)
+    if family != socket.AF_INET or rtype != RTN_UNICAST:
+        return None
+    a = parse_attrs(body[_RTMSG.size:])
+    dst = socket.inet_ntoa(a[RTA_DST]) if RTA_DST in a else "0.0.0.0"
+    if RTA_TABLE in a:
+        table = struct.unpack("=I", a[RTA_TABLE][:4])[0]
+    metric = struct.unpack("=I", a[RTA_PRIORITY][:4])[0] if RTA_PRIORITY in a else 0
+    prefsrc = socket.inet_ntoa(a[RTA_PREFSRC]) if RTA_PREFSRC in a else None
+    nhid = struct.unpack("=I", a[RTA_NH_ID][:4])[0] if RTA_NH_ID in a else None
+    nhs = []
+    if RTA_MULTIPATH in a:
+        raw = a[RTA_MULTIPATH]
+        off = 0
+        while off + _RTNH.size <= len(raw):
+            n, _f, _h, oif = _RTNH.unpack_from(raw, off)
+            if n < _RTNH.size:
+                break
+            sub = parse_attrs(raw[off + _RTNH.size: off + n])
+            gw = socket.inet_ntoa(sub[RTA_GATEWAY]) if len(sub.get(RTA_GATEWAY, b"")) == 4 else ""
+            nhs.append(Nexthop(gw, names.get(oif, f"if{oif}")))
+            off += _align(n)
+    elif RTA_OIF in a:
+        oif = struct.unpack("=I", a[RTA_OIF][:4])[0]
+        gw = socket.inet_ntoa(a[RTA_GATEWAY]) if len(a.get(RTA_GATEWAY, b"")) == 4 else ""
+        nhs.append(Nexthop(gw, names.get(oif, f"if{oif}")))
+    return RouteSpec(f"{dst}/{dst_len}", tuple(sorted(nhs)), prefsrc, int(table or 254), metric, proto, nhid)
+
+
+class NexthopSocket:
+    """One blocking NETLINK_ROUTE socket for nexthop objects and nhid routes (this process's
+    network namespace).  Not thread-safe; one request at a time."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, socket.NETLINK_ROUTE)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
+        self.sock.settimeout(5.0)
+        self.sock.bind((0, 0))
+        self._seq = int.from_bytes(os.urandom(2), "little") << 8
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def _next(self) -> int:
+        self._seq = (self._seq + 1) & 0xFFFFFFFF or 1
+        return self._seq
+
+    def request(self, build) -> None:
+        """Send the message ``build(seq)`` and wait for its ACK; raises
+        :class:`NetlinkNackError` on a NACK."""
+        seq = self._next()
+        self.sock.send(build(seq))
+        while True:
+            for m in parse_messages(self.sock.recv(65536)):
+                if m.seq != seq:
+                    continue  # a late answer to an earlier, timed-out request
+                if m.type == NLMSG_ERROR:
+                    e = nack_errno(m)
+                    if e:
+                        raise NetlinkNackError(e, os.strerror(e))
+                    return
+
+    def dump(self, build) -> list[NlMsg]:
+        """Send the dump request ``build(seq)``; the messages up to NLMSG_DONE."""
+        seq = self._next()
+        self.sock.send(build(seq))
+        out: list[NlMsg] = []
+        while True:
+            for m in parse_messages(self.sock.recv(1 << 20)):
+                if m.seq != seq:
+                    continue
+                if m.type == NLMSG_DONE:
+                    return out
+                if m.type == NLMSG_ERROR:
+                    e = nack_errno(m)
+                    if e:
+                        raise NetlinkNackError(e, os.strerror(e))
+                    return out
+                out.append(m)
+
+    def objects(self, names: Mapping[int, str]) -> list[NexthopObject]:
+        """Every nexthop object of the namespace (an empty list where the kernel has none)."""
+        try:
+            msgs = self.dump(nexthop_dump_request)
+        except NetlinkNackError as e:
+            if e.errno in (_errno.EOPNOTSUPP, _errno.EINVAL):
+                return []
+            raise
+        out = []
+        for m in msgs:
+            if m.type == RTM_NEWNEXTHOP:
+                o = object_from_msg(m.body, names)
+                if o is not None:
+                    out.append(o)
+        return out
+
+    def routes(self, names: Mapping[int, str], table: int) -> list[RouteSpec]:
+        """Every IPv4 unicast route of ``table``."""
+        out = []
+        for m in self.dump(route_dump_request):
+            if m.type == RTM_NEWROUTE:
+                r = route_from_nlmsg(m.body, names)
+                if r is not None and r.table == table:
+                    out.append(r)
+        return out
