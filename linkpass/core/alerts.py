@@ -26,7 +26,12 @@ routes_applied with errors         ``route_error``   yes       generation, error
 hook report rebuilt /              ``rebuild``       yes       report, job, rank, pid, detail
 rebuild_failed
 hook report migrating / joined /   ``migration``     yes       report, job, rank, pid, detail
-no_spare / unmovable
+no_spare / unmovable /
+at_risk_moving / at_risk_unmovable
+at_risk (a rail or GPU at risk by  ``at_risk``        yes (no   kind, subject, rail, gpu, at_risk,
+its counters, or clear again)                        when      rule, counter, rate, unit, window_s,
+                                                     clear)    threshold, citation, summary,
+                                                               action, counters
 hook report snapshot (checked:     ``snapshot``      yes when  job, rank, pid, scope, snapshot_id,
 :mod:`linkpass.core.snapshots`)                      not ok    step, ok, path, bytes, stall_ms,
                                                                write_ms, reason
@@ -50,7 +55,7 @@ from linkpass.core.snapshots import ReportError, parse_report
 
 #: every ``event`` value (deploy/asyncapi.yaml lists the same; a unit test checks it)
 EVENT_TYPES = ("fault", "recovery", "drain", "degraded", "failover", "failback", "reroute", "incident", "damping",
-               "peer_rails", "route_error", "rebuild", "migration", "snapshot")
+               "peer_rails", "route_error", "rebuild", "migration", "snapshot", "at_risk")
 #: a hook report's detail larger than this (JSON bytes) is replaced by {"truncated": true}
 MAX_DETAIL_BYTES = 4096
 
@@ -78,7 +83,7 @@ class Alert:
 _BAD = frozenset({"DOWN", "SUSPECT"})
 _BACK = frozenset({"HOLD_DOWN", "UP"})
 _REBUILD_REPORTS = frozenset({"rebuilt", "rebuild_failed"})
-_MIGRATION_REPORTS = frozenset({"migrating", "joined", "no_spare", "unmovable"})
+_MIGRATION_REPORTS = frozenset({"migrating", "joined", "no_spare", "unmovable", "at_risk_moving", "at_risk_unmovable"})
 
 
 class AlertMapper:
@@ -157,6 +162,13 @@ class AlertMapper:
             return Alert("peer_rails", False, {"peer": d.get("peer"), "usable": usable, "was": was,
                                                "lost": sorted(set(was) - set(usable)), "gained": sorted(set(usable) - set(was)),
                                                "peer_generation": d.get("peer_generation")}, t_ns)
+        if kind == "at_risk":
+            rail = d.get("rail")
+            fields = {k: d.get(k) for k in ("kind", "subject", "rail", "gpu", "at_risk", "rule", "counter", "rate", "unit",
+                                            "window_s", "threshold", "citation", "summary", "action")}
+            fields["netdev"] = self.rails.get(rail) if rail is not None else None
+            fields["counters"] = dict(d.get("counters") or {})
+            return Alert("at_risk", bool(d.get("at_risk")), fields, t_ns)
         if kind == "routes_applied" and (d.get("errors") or d.get("conflicts")):
             return Alert("route_error", True, {"generation": d.get("generation"), "errors": list(d.get("errors") or []),
                                                "conflicts": list(d.get("conflicts") or [])}, t_ns)

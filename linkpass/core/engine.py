@@ -15,7 +15,7 @@ import logging
 import math
 from collections import Counter, deque
 
-from linkpass.core.health import RailHealth, RailState, Transition
+from linkpass.core.health import AT_RISK, RailHealth, RailState, Transition
 from linkpass.core.model import (
     Action,
     AddrChanged,
@@ -24,6 +24,7 @@ from linkpass.core.model import (
     DeviceFaultDelivered,
     DeviceIncident,
     Drain,
+    RiskChanged,
     Event,
     HistoryEntry,
     HookPeersChanged,
@@ -32,6 +33,7 @@ from linkpass.core.model import (
     LinkChanged,
     LinkFacts,
     LinkSnapshot,
+    NotifyAtRisk,
     NotifyDeviceFault,
     NotifyHooks,
     PeerRails,
@@ -127,6 +129,7 @@ class Engine:
         self.degraded: set[int] = set()
         self._avoided: frozenset[int] = frozenset()  # the DEGRADED rails traffic was last moved off
         self.incidents: deque[dict] = deque(maxlen=INCIDENTS_KEPT)  # recent device incidents, oldest first
+        self.at_risk: dict[tuple[str, int], dict] = {}  # (kind, subject) -> the verdict entry while at risk
         self.incident_counts: Counter[str] = Counter()  # domain -> incidents recorded since start
         self._incident_seen: dict[tuple[str, str | None], int] = {}  # (code, device) -> last seen ns
         self._incident_seen_t: dict[tuple[str, str | None], int] = {}  # (code, device) -> its event's t_ns
@@ -224,6 +227,8 @@ class Engine:
             return self._on_drain(event, now_ns)
         if isinstance(event, DeviceIncident):
             return self._on_incident(event, now_ns)
+        if isinstance(event, RiskChanged):
+            return self._on_risk(event, now_ns)
         if isinstance(event, DeviceFaultDelivered):
             self._on_fault_delivered(event)
             return []
@@ -294,6 +299,62 @@ class Engine:
         if t:
             self._record_transition(t, now_ns)
         return self._replan(now_ns, "drain" if ev.drain else "undrain")
+
+    def _on_risk(self, ev: RiskChanged, now_ns: int) -> list[Action]:
+        """A rail or GPU at risk (or clear again) by its counters (:mod:`linkpass.core.risk`).
+
+        * A rail at risk is drained (cause ``at-risk``, independent of an operator's drain):
+          the plan moves its traffic off now, peers hear it in the next notice, and the NCCL
+          environment for new processes leaves it out.  Clear again (its counters stayed clean
+          for the risk tracker's hold time) lifts that drain: the rail's own hold-down follows,
+          then failback.
+        * A GPU at risk becomes a :class:`NotifyAtRisk` (the hooks on that GPU move its rank to a
+          spare at the next step boundary); clear again is recorded only.
+
+        Recorded as history ``at_risk`` (the MQTT ``at_risk`` event) and kept for status while it
+        holds.  A repeated verdict for a subject already at risk only refreshes the entry; an
+        unknown rail is recorded with ``unknown: true`` and nothing else."""
+        key = (ev.kind, ev.subject)
+        v = ev.verdict
+        entry = {"kind": ev.kind, "subject": ev.subject, "at_risk": ev.at_risk, "rule": ev.rule, "summary": ev.summary,
+                 **{k: v.get(k) for k in ("counter", "rate", "unit", "window_s", "threshold", "citation")},
+                 "counters": dict(v.get("counters") or {}), "since_ns": ev.t_ns}
+        again = ev.at_risk and key in self.at_risk
+        if not ev.at_risk and key not in self.at_risk:
+            return []  # clear, and never at risk as far as this engine knows (a restart): nothing to lift
+        actions: list[Action] = []
+        if ev.kind == "rail":
+            h = self.rails.get(ev.subject)
+            entry["rail"] = ev.subject
+            if h is None:
+                entry["unknown"] = True
+                self._record("at_risk", now_ns, entry)
+                return []
+            entry["action"] = "drain" if ev.at_risk else "undrain (hold-down, then failback)"
+            if not again:
+                t = h.on_drain(ev.at_risk, now_ns, AT_RISK, f"at risk: {ev.summary}")
+                if t:
+                    self._record_transition(t, now_ns)
+        elif ev.kind == "gpu":
+            entry["gpu"] = ev.subject
+            entry["action"] = "move the rank to a spare at the next step boundary" if ev.at_risk else "none"
+            if ev.at_risk and not again:
+                actions.append(NotifyAtRisk(ev.subject, dict(entry), ev.t_ns))
+        else:
+            log.warning("engine: at-risk verdict for unknown kind %r ignored", ev.kind)
+            return []
+        if again:
+            self.at_risk[key].update(summary=ev.summary, rate=entry["rate"])
+            return []
+        if ev.at_risk:
+            self.at_risk[key] = entry
+        else:
+            entry["was"] = self.at_risk.pop(key, {}).get("summary")
+        self._record("at_risk", now_ns, entry)
+        log.warning("%s %d %s: %s", ev.kind, ev.subject, "AT RISK" if ev.at_risk else "no longer at risk", ev.summary)
+        if ev.kind == "rail":
+            actions += self._replan(now_ns, f"rail {ev.subject} {'at risk' if ev.at_risk else 'clear of risk'}")
+        return actions
 
     def _on_peer(self, ev: PeerRails, now_ns: int) -> list[Action]:
         if ev.peer not in self._peer_names:
@@ -753,6 +814,8 @@ class Engine:
                 "probe_loss": self.rail_loss(r.id),
                 "probe_verdict": self.probe_failed.get(r.id),
                 "damping": self.dampers[r.id].to_json(now_ns) if r.id in self.dampers else None,
+                "drains": sorted(h.drains),
+                "at_risk": self.at_risk.get(("rail", r.id)),
             })
         peers = []
         for p in self.policy.peers:
@@ -786,4 +849,5 @@ class Engine:
                       for (r, p), h in sorted(self.paths.items())],
             "incidents": [dict(d, sources=list(d["sources"])) for d in self.incidents],
             "incident_counts": dict(sorted(self.incident_counts.items())),
+            "at_risk": [dict(e) for _, e in sorted(self.at_risk.items())],
         }

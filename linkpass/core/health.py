@@ -1,7 +1,7 @@
 """Per-rail health state machine.
 
 States (DESIGN.md): ``UP``, ``DOWN``, ``HOLD_DOWN``, ``DRAINED`` (an operator's
-``linkpass drain``), plus ``UNKNOWN`` before the first link dump.  A rail carries traffic in
+``linkpass drain``, or a rail at risk by its counters), plus ``UNKNOWN`` before the first link dump.  A rail carries traffic in
 ``UP`` only.  There is no rail ``SUSPECT`` state (it was never entered): gray failures are the
 paths' ``SUSPECT`` (:mod:`linkpass.core.paths`), the probe verdict that fails a rail, and the
 ``degraded`` flag of a lossy rail (traffic prefers clean rails), none of which is a rail state.
@@ -33,7 +33,8 @@ class RailState(str, enum.Enum):
 S = RailState
 
 #: Allowed transitions: from-state -> set of to-states.
-#: DRAINED is entered by an operator (``linkpass drain``, a :class:`~linkpass.core.model.Drain` event).
+#: DRAINED is entered by an operator (``linkpass drain``, a :class:`~linkpass.core.model.Drain` event)
+#: or because the rail's counters say it is at risk (a :class:`~linkpass.core.model.RiskChanged` event).
 TRANSITIONS: dict[RailState, frozenset[RailState]] = {
     S.UNKNOWN: frozenset({S.UP, S.DOWN, S.DRAINED}),
     S.UP: frozenset({S.DOWN, S.DRAINED}),
@@ -43,6 +44,10 @@ TRANSITIONS: dict[RailState, frozenset[RailState]] = {
 }
 
 USABLE: frozenset[RailState] = frozenset({S.UP})
+
+#: causes of a drain (:meth:`RailHealth.on_drain`)
+OPERATOR = "operator"
+AT_RISK = "at-risk"
 
 
 class IllegalTransition(RuntimeError):
@@ -74,6 +79,10 @@ class RailHealth:
         self.reason = "no link information yet"
         self.link_ok: bool | None = None
         self.hold_until_ns: int | None = None
+        self.drains: dict[str, str] = {}  # cause (OPERATOR, AT_RISK) -> why, while DRAINED
+
+    def _drain_reason(self) -> str:
+        return "; ".join(self.drains[c] for c in sorted(self.drains))
 
     @property
     def usable(self) -> bool:
@@ -132,11 +141,22 @@ class RailHealth:
             return self.set_state(RailState.UP, now_ns, f"stayed up for hold-down {self.hold_down_ns // 1_000_000} ms")
         return None
 
-    def on_drain(self, drain: bool, now_ns: int) -> Transition | None:
-        """Operator drain / undrain."""
+    def on_drain(self, drain: bool, now_ns: int, cause: str = OPERATOR, why: str | None = None) -> Transition | None:
+        """Drain / undrain for one cause: the operator (``linkpass drain``) or :data:`AT_RISK`
+        (counter trends, :mod:`linkpass.core.risk`), with ``why`` for the reason.  The causes
+        are independent: the rail stays DRAINED while any holds (an operator's undrain leaves a
+        rail at risk drained, and a rail whose counters are clean again stays drained while the
+        operator's drain holds); the last one lifted starts the hold-down."""
         if drain:
-            return self.set_state(RailState.DRAINED, now_ns, "drained by operator")
-        if self.state != RailState.DRAINED:
+            self.drains[cause] = why or ("drained by operator" if cause == OPERATOR else cause)
+            if self.state == RailState.DRAINED:
+                self.reason = self._drain_reason()
+                return None
+            return self.set_state(RailState.DRAINED, now_ns, self._drain_reason())
+        if self.drains.pop(cause, None) is None or self.state != RailState.DRAINED:
+            return None
+        if self.drains:
+            self.reason = self._drain_reason()
             return None
         if self.link_ok:
             t = self.set_state(RailState.HOLD_DOWN, now_ns, "undrained, holding down")

@@ -197,6 +197,32 @@ class Drain:
 
 
 @dataclass(frozen=True)
+class RiskChanged:
+    """A rail or GPU became at risk, or its counters stayed clean long enough to be trusted
+    again (issue 18): a verdict of :class:`linkpass.core.risk.RiskTracker`, which the daemon's
+    counter poller feeds.
+
+    Attributes:
+        kind: ``"rail"`` or ``"gpu"``.
+        subject: rail id, or NVML GPU index.
+        at_risk: True when the subject became at risk, False when it is clear again.
+        rule: the rule's id (e.g. ``"ib.symbol_error.rate"``).
+        summary: one line for operators (counter, rate, window, threshold).
+        verdict: the whole verdict, JSON-ready (:meth:`linkpass.core.risk.RiskVerdict.to_json`):
+            counter, rate, unit, window_s, threshold, citation.
+        t_ns: monotonic ns of the poll that decided it.
+    """
+
+    kind: str
+    subject: int
+    at_risk: bool
+    rule: str
+    summary: str
+    verdict: Mapping
+    t_ns: int
+
+
+@dataclass(frozen=True)
 class DeviceIncident:
     """A device or link incident seen live on this host (issue 6, part 3): a kernel-log record
     classified by :mod:`linkpass.core.classify`, an NVML Xid event, or an RDMA async port event.
@@ -289,7 +315,7 @@ class HookReport:
 
 
 Event = Union[LinkChanged, LinkSnapshot, AddrChanged, RouteChanged, PeerRails, RoutesApplied, ProbeResult, ProbeLoss, Tick, Drain,
-              DeviceIncident, ConfigReloaded, DeviceFaultDelivered, HookPeersChanged, HookReport]
+              DeviceIncident, ConfigReloaded, DeviceFaultDelivered, HookPeersChanged, HookReport, RiskChanged]
 
 # --------------------------------------------------------------------------- routes
 
@@ -423,6 +449,17 @@ class NotifyDeviceFault:
 
 
 @dataclass(frozen=True)
+class NotifyAtRisk:
+    """A GPU is at risk (its counters say it may fail soon): the daemon tells the torch hooks
+    on that GPU (``gpu_at_risk`` message, :mod:`torch_hooks.protocol`), which move the rank to a
+    spare at the next step boundary, and alerts operators when nobody can be moved."""
+
+    gpu: int
+    verdict: Mapping
+    t_ns: int
+
+
+@dataclass(frozen=True)
 class HookPlan:
     """What a torch-hook notice is built from: the plan at one generation.
 
@@ -539,5 +576,5 @@ class PublishHistory:
     entries: tuple[HistoryEntry, ...]
 
 
-Action = Union[ApplyRoutes, SendNotice, SetTimer, RefreshNeighbors, NotifyDeviceFault, NotifyHooks, WriteNcclEnv, SetProbePriority,
+Action = Union[ApplyRoutes, SendNotice, SetTimer, RefreshNeighbors, NotifyDeviceFault, NotifyAtRisk, NotifyHooks, WriteNcclEnv, SetProbePriority,
                PublishHookReport, PublishHistory]

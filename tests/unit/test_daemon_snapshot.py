@@ -21,7 +21,7 @@ from unit_helpers import MS, S, carrier_lost, make_toml, snapshot
 #: the control socket's status fields, in order, for a daemon with hooks and metrics, no MQTT
 STATUS_FIELDS = ["schema", "pid", "uptime_s", "host", "mode", "generation", "applied_generation", "hold_down_ms", "now_ns",
                  "rails", "peers", "routes", "kept_destinations", "route_errors", "route_conflicts", "warnings", "totals",
-                 "paths", "incidents", "incident_counts", "reroute", "hooks", "snapshots", "metrics", "systemd", "counters", "dispatch_errors",
+                 "paths", "incidents", "incident_counts", "at_risk", "reroute", "hooks", "snapshots", "metrics", "systemd", "counters", "dispatch_errors",
                  "device_sources"]
 
 
