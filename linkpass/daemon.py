@@ -69,6 +69,7 @@ from linkpass.core.model import (
     HookPeersChanged,
     HookReport,
     LinkChanged,
+    NotifyAtRisk,
     NotifyDeviceFault,
     NotifyHooks,
     PublishHistory,
@@ -237,6 +238,33 @@ class DeviceFaultNotifier:
         return [outcome]
 
 
+class AtRiskNotifier:
+    """The owner of :class:`NotifyAtRisk`: tells the hooks on the GPU (``gpu_at_risk``) and the
+    operators.  A GPU at risk with no hook client on it has no rank linkpass can move: the
+    warning gives the remedy (drain the node at a quiet moment, then reset or replace the GPU).
+
+    Args:
+        hooks: the hook server, None when hooks are off.
+    """
+
+    def __init__(self, hooks: HookNotifier | None):
+        self.hooks = hooks
+        self.sent = 0
+        self.unmoved = 0
+
+    def __call__(self, a: NotifyAtRisk) -> None:
+        n = self.hooks.publish_at_risk(a.verdict, a.gpu, a.t_ns) if self.hooks is not None else 0
+        self.sent += n
+        what = a.verdict.get("summary") or a.verdict.get("rule")
+        if n:
+            log.warning("GPU %d AT RISK (%s): told %d hook client(s) to move their rank to a spare at the next step "
+                        "boundary", a.gpu, what, n)
+        else:
+            self.unmoved += 1
+            log.warning("GPU %d AT RISK (%s): no protected training process on it to move; remedy: drain the node "
+                        "(let its jobs finish or move them) before the GPU fails, then reset or replace the GPU", a.gpu, what)
+
+
 def route_settings(cfg) -> RouteSettings:
     """What the route actuator owns, from the ``[daemon]`` table."""
     d = cfg.daemon
@@ -278,6 +306,7 @@ class Daemon:
                                 [p.name for p in cfg.peers], self._hook_peers_changed,
                                 cfg.hooks.max_clients, on_report=self._hook_report) if cfg.hooks.enabled else None
         self.device_faults = DeviceFaultNotifier(self.hooks, self.queue.put_nowait)
+        self.at_risk = AtRiskNotifier(self.hooks)
         self.device_sources: dict = {}  # name -> running live device source (kmsg, nvml, rdma)
         # the readers of PublishHistory: callables taking the entries (oldest first), in this order
         self.history_readers: list[Callable] = []
@@ -358,6 +387,7 @@ class Daemon:
             NotifyHooks: self._notify_hooks if self.hooks else None,
             SetProbePriority: (lambda a: self.prober.set_priority_peers(list(a.peers))) if self.prober else None,
             NotifyDeviceFault: self.device_faults,
+            NotifyAtRisk: self.at_risk,
             PublishHookReport: (lambda a: self.mqtt.on_hook_report(a.report)) if self.mqtt else None,
             PublishHistory: self._publish_history,
         }

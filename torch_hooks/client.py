@@ -56,6 +56,8 @@ class DaemonClient:
         on_device_fault: called in the client thread with each ``device_fault`` message (the
             decoded dict, see :func:`torch_hooks.protocol.build_device_fault`); exceptions are
             logged and ignored.  Rank migration (:mod:`torch_hooks.spare`) acts on it.
+        on_at_risk: called in the client thread with each ``gpu_at_risk`` message
+            (:func:`torch_hooks.protocol.build_gpu_at_risk`); exceptions are logged and ignored.
 
     Attributes:
         latest: the newest notice (None before the first).
@@ -68,9 +70,11 @@ class DaemonClient:
 
     def __init__(self, registration: proto.Registration, socket_path: str | None = None,
                  reconnect_s: tuple[float, float] = (0.05, 1.0), on_notice: Callable[[proto.Notice], None] | None = None,
-                 on_device_fault: Callable[[dict], None] | None = None):
+                 on_device_fault: Callable[[dict], None] | None = None,
+                 on_at_risk: Callable[[dict], None] | None = None):
         self.registration = registration
         self.on_device_fault = on_device_fault
+        self.on_at_risk = on_at_risk
         self.device_faults: list[dict] = []
         self.socket_path = socket_path or os.environ.get(SOCKET_ENV) or DEFAULT_SOCKET
         self.reconnect_s = reconnect_s
@@ -283,6 +287,14 @@ class DaemonClient:
                     cb(msg)
                 except Exception:
                     log.exception("on_device_fault callback failed")
+        elif t == "gpu_at_risk":
+            self.counters["at_risk"] += 1
+            cb = getattr(self, "on_at_risk", None)
+            if cb is not None:
+                try:
+                    cb(msg)
+                except Exception:
+                    log.exception("on_at_risk callback failed")
         elif t == "error":
             self.counters["errors_from_daemon"] += 1
             log.warning("the daemon dropped one of our messages: %s", str(msg.get("error"))[:300])

@@ -185,6 +185,7 @@ class Controller:
         self._handing_over = False
         self._in_rebuild = False
         self._deferred: tuple[str, str] | None = None
+        self._planned: tuple[dict, str] | None = None  # (claimed spare, why) of a GPU-at-risk move
         self.spares: list = []                 # this worker's warm spare processes
         self.memsnap: Any = None               # torch_hooks.memsnap.MemorySnapshots, when on
         tracker.add_step_listener(self._on_step)
@@ -216,7 +217,7 @@ class Controller:
         self._kv.set(f"host/{self.s.rank}", self.s.host)
         if os.environ.get("LINKPASS_NO_DAEMON") != "1":
             self.client = DaemonClient(self._registration(), socket_path=self.s.hooks_socket, on_notice=self._on_notice,
-                                       on_device_fault=self._on_device_fault)
+                                       on_device_fault=self._on_device_fault, on_at_risk=self._on_at_risk)
             self.client.start()
         if self.s.local_rank in (0, None):  # one line per host says the job is protected
             rails = ", ".join(f"{r}={d}" for r, d in self.s.rails.items()) or "unknown"
@@ -439,6 +440,9 @@ class Controller:
                 handover.put_state(kv, e, ho["rank"], data)
                 log.warning("linkpass: rank %d: state (%d bytes) sent to the spare taking rank %d", self.s.rank, len(data),
                             ho["rank"])
+        if req.get("trigger") == "at_risk" and req.get("rank") == self.s.rank and self._planned is not None:
+            self._hand_over_planned(e, kv)
+            return
         latched = any(g.latched for g in self.groups)
         moving = iface is not None and any(iface != g.interface for g in self.groups)
         if latched and moving and self._own_rail_dead():
@@ -486,11 +490,17 @@ class Controller:
     def _claim(self, kv, why: str):
         from torch_hooks.spare import claim_spare
 
-        d = claim_spare(kv, self.s.host)
+        own = [p.pid for p in self.spares if p.poll() is None]
+        d = claim_spare(kv, self.s.host, own_pids=own)
         deadline = time.monotonic() + SPARE_START_S
-        while d is None and any(p.poll() is None for p in self.spares) and time.monotonic() < deadline:
-            time.sleep(0.05)  # this worker's own spare is still starting (importing torch)
-            d = claim_spare(kv, self.s.host)
+        while ((d is None or (own and d.get("pid") not in own)) and any(p.poll() is None for p in self.spares)
+               and time.monotonic() < deadline):
+            # this worker's own spare is still starting (importing torch): wait for it, since the
+            # proxy can pass on only its own child's exit status; give back another's claimed meanwhile
+            if d is not None:
+                kv.add(f"spares/{d['id']}/claimed", -1)
+            time.sleep(0.05)
+            d = claim_spare(kv, self.s.host, own_pids=own)
         if d is not None:
             log.info("rank %d on %s claimed spare %s on %s (pid %s)", self.s.rank, self.s.host, d["id"], d.get("host"),
                      d.get("pid"))
@@ -590,6 +600,62 @@ class Controller:
                   spare.get("pid"))
         if self.client is not None:
             self.client.report("handover", epoch=e, spare=int(spare["id"]), reason=why[:200])
+        handover.become_proxy(int(spare["pid"]), int(spare["id"]))
+
+    def _on_at_risk(self, msg: dict) -> None:
+        """The daemon says this rank's GPU is at risk (it still works): move the rank to a spare
+        at the next step boundary, with this rank's own live state (the planned hand-over of
+        :meth:`_hand_over_planned`: no step lost, sharded ranks too), or, when that cannot be
+        done, report ``at_risk_unmovable`` with why and go on training here (the daemon's alert
+        tells operators to drain the node)."""
+        v = msg.get("verdict") or {}
+        why = f"GPU {msg.get('gpu')} at risk: {v.get('summary') or v.get('rule') or 'its counters'}"
+        reason = None
+        if self._planned is not None or self._handing_over:
+            return  # already moving
+        if not self.tracker.modules:
+            reason = "no protected module (DDP / fully_shard) whose state a spare could take"
+        elif not self.tracker.position()["known"]:
+            reason = ("the data position is unknown (no DataLoader over a DistributedSampler, no "
+                      "torch_hooks.tracker.set_position): a spare would train on other batches")
+        spare = None
+        if reason is None:
+            try:
+                spare = self._claim(self._kv, why)
+            except Exception as ex:  # noqa: BLE001 - the store did not answer: stay, say so
+                reason = f"the job's store did not answer ({str(ex).splitlines()[0][:160] if str(ex) else ex!r})"
+            else:
+                if spare is None:
+                    reason = "no spare left (start the job with linkpass exec --spares N)"
+        if reason is not None:
+            log.error("linkpass: rank %d: %s; the rank stays on this GPU: %s", self.s.rank, why, reason)
+            if self.client is not None:
+                self.client.report("at_risk_unmovable", gpu=msg.get("gpu"), rule=v.get("rule"), reason=reason[:300])
+            return
+        self._planned = (spare, why)
+        log.warning("linkpass: rank %d: %s; moving to spare %s (pid %s) at the next step boundary", self.s.rank, why,
+                    spare["id"], spare.get("pid"))
+        if self.client is not None:
+            self.client.report("at_risk_moving", gpu=msg.get("gpu"), rule=v.get("rule"), spare=int(spare["id"]))
+        self.request("at_risk", why)
+
+    def _hand_over_planned(self, e: int, kv) -> None:
+        """This rank's GPU is at risk and every rank has stopped at the boundary (rebuild epoch
+        ``e``): hand the rank, with its own state, to the spare claimed for it, and become a proxy."""
+        from torch_hooks import handover
+
+        spare, why = self._planned
+        data = handover.capture_state(self.tracker)
+        kv.set(f"handover/{e}/{self.s.rank}", json.dumps({"kind": "planned", "rank": self.s.rank, "spare": spare["id"],
+                                                          "src": self.s.rank, "t_ns": time.monotonic_ns()}))
+        handover.put_state(kv, e, self.s.rank, data)
+        self._handing_over = True
+        self._assign(kv, e, spare, self.rail, why)
+        log.warning("linkpass: rank %d hands over to spare %s (pid %s), state %d bytes: %s", self.s.rank, spare["id"],
+                    spare.get("pid"), len(data), why)
+        if self.client is not None:
+            self.client.report("handover", epoch=e, spare=int(spare["id"]), reason=why[:200], kind="planned")
+            time.sleep(0.01)
         handover.become_proxy(int(spare["pid"]), int(spare["id"]))
 
     def _rollback_step(self, kv) -> tuple[dict | None, str | None]:

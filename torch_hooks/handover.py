@@ -14,9 +14,9 @@ not initialised NCCL or CUDA.
 
 **Hand-over** (epoch ``e`` of the controller, keys under ``linkpass/<job>/``):
 
-* ``handover/<e>/<rank>``: ``{"kind": "latched"|"device", "rank", "spare", "src"}``: rank is replaced,
-  by which spare, and whose state it takes (``src``: the rank itself when it hands over because
-  its rail latched, its process being healthy; for a device fault, the surviving rank with the
+* ``handover/<e>/<rank>``: ``{"kind": "latched"|"planned"|"device", "rank", "spare", "src"}``: rank is
+  replaced, by which spare, and whose state it takes (``src``: the rank itself when it hands over because
+  its rail latched or its GPU is at risk (``planned``), its process being healthy; for a device fault, the surviving rank with the
   lowest step, a replica: DDP keeps every rank's parameters and optimizer state equal);
 * ``rebuild/<e>/pos/<rank>``: each rank's position at its last step boundary, written with its
   proposal while its optimizer cannot step (the tracker's ``step_lock``): ``steps``, ``epoch``,
@@ -299,7 +299,7 @@ def run_spare(settings: Any, tracker: Any, controller: Any) -> None:
         os.environ["GLOO_SOCKET_IFNAME"] = iface
     settings.rank = a.rank
     settings.rail = a.rail if a.rail >= 0 else None
-    if ho["kind"] in ("device", "rollback"):
+    if ho["kind"] in ("device", "rollback", "planned"):
         settings.gpu = None  # it runs on another GPU than the failed one (which the daemon still reports)
     print(f"linkpass: spare {sp.id} takes rank {a.rank} over (epoch {a.epoch}, {ho['kind']}: {a.reason})",
           file=sys.stderr, flush=True)

@@ -29,6 +29,10 @@ Daemon -> client:
   moved (a GPU fell off the bus, an uncorrectable ECC error...), sent to the clients whose
   ``gpu`` is the faulty one, or to every registered client when the daemon cannot tell which
   GPU index the fault's PCI bus id is (``gpu`` null).  Clients that do not know it ignore it.
+* ``gpu_at_risk``: :func:`build_gpu_at_risk`; the GPU still works but its counters say it may
+  fail soon (row remaps pending, a climbing corrected-error rate...): the clients on that GPU
+  move their rank to a spare at the next step boundary, with the rank's own live state (no
+  step lost), or report ``at_risk_unmovable`` with why.
 
 Generations: a notice carries the daemon's plan ``generation`` and ``instance`` (a token
 that changes when the daemon restarts, since a restarted daemon counts generations from 1
@@ -50,7 +54,7 @@ PROTOCOL_VERSION = 1
 #: Longest line either side accepts, newline included (bytes).
 MAX_MESSAGE_BYTES = 64 * 1024
 CLIENT_TYPES = frozenset({"register", "report", "ping"})
-SERVER_TYPES = frozenset({"registered", "notice", "pong", "error", "device_fault"})
+SERVER_TYPES = frozenset({"registered", "notice", "pong", "error", "device_fault", "gpu_at_risk"})
 _MAX_NAME = 128
 _MAX_PEERS = 4096
 
@@ -270,6 +274,15 @@ def build_device_fault(*, instance: str, host: str, incident: Mapping, gpu: int 
     keep = ("domain", "device", "code", "action", "remedy", "source", "summary")
     return {"type": "device_fault", "v": PROTOCOL_VERSION, "instance": instance, "host": host, "gpu": gpu,
             "incident": {k: incident.get(k) for k in keep}, "t_ns": t_ns}
+
+
+def build_gpu_at_risk(*, instance: str, host: str, gpu: int, verdict: Mapping, t_ns: int) -> dict:
+    """A ``gpu_at_risk`` message: ``{"type": "gpu_at_risk", "v": 1, "instance": str, "host": str,
+    "gpu": NVML index, "verdict": {"rule", "counter", "rate", "unit", "window_s", "threshold",
+    "summary"}, "t_ns": daemon monotonic ns of the verdict}``."""
+    keep = ("rule", "counter", "rate", "unit", "window_s", "threshold", "summary")
+    return {"type": "gpu_at_risk", "v": PROTOCOL_VERSION, "instance": instance, "host": host, "gpu": gpu,
+            "verdict": {k: verdict.get(k) for k in keep}, "t_ns": t_ns}
 
 
 @dataclass(frozen=True)

@@ -175,13 +175,18 @@ def spare_alive(kv: Any, d: dict, host: str, max_beat_age_s: float = MAX_BEAT_AG
     return True, ""
 
 
-def claim_spare(kv: Any, host: str, max_beat_age_s: float = MAX_BEAT_AGE_S) -> dict | None:
-    """Claim one free, live spare (same ``host`` first, lowest id next); returns its
-    announcement or None when none is left.  Atomic per spare (``add`` on
+def claim_spare(kv: Any, host: str, max_beat_age_s: float = MAX_BEAT_AGE_S, own_pids: Any = ()) -> dict | None:
+    """Claim one free, live spare (the caller's own first, then same ``host``, lowest id next);
+    returns its announcement or None when none is left.  Atomic per spare (``add`` on
     ``spares/<id>/claimed``).  Spares that look dead (:func:`spare_alive`) are skipped (not
-    claimed: a stalled one that recovers can still be used later)."""
+    claimed: a stalled one that recovers can still be used later).
+
+    ``own_pids``: the caller's own spare processes (its children).  Its own comes first because
+    the replaced process, as a proxy, can pass on only a child's exit status to torchrun
+    (:mod:`torch_hooks.proxy`); another worker's spare ends the job with an unknown status."""
     spares = list_spares(kv)
-    spares.sort(key=lambda d: (d.get("host") != host, d["id"]))
+    own = {int(x) for x in own_pids}
+    spares.sort(key=lambda d: (d.get("host") != host, not (d.get("host") == host and d.get("pid") in own), d["id"]))
     for d in spares:
         if kv.check([f"spares/{d['id']}/claimed"]) and int(kv.add(f"spares/{d['id']}/claimed", 0)) > 0:
             continue

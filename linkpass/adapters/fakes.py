@@ -64,6 +64,7 @@ class FakeHookNotifier:
         kept: the ``on_delivered`` callbacks of faults that reached nobody, per GPU; call
             :meth:`register` to deliver them as the real server does when a client comes.
         unattributed: faults published with no GPU index.
+        at_risk: ``(verdict, gpu, t_ns)`` of every GPU-at-risk message published.
     """
 
     def __init__(self, clients_on_gpu: Mapping[int, int] | None = None) -> None:
@@ -72,6 +73,7 @@ class FakeHookNotifier:
         self.clients_on_gpu: dict[int, int] = dict(clients_on_gpu or {})
         self.kept: dict[int, list[Callable[[int], None] | None]] = {}
         self.unattributed = 0
+        self.at_risk: list[tuple[Mapping, int, int]] = []
 
     @property
     def generation(self) -> int:
@@ -90,6 +92,10 @@ class FakeHookNotifier:
         if sent == 0:
             self.kept.setdefault(gpu, []).append(on_delivered)
         return sent
+
+    def publish_at_risk(self, verdict: Mapping, gpu: int, t_ns: int) -> int:
+        self.at_risk.append((dict(verdict), gpu, t_ns))
+        return self.clients_on_gpu.get(gpu, 0)
 
     def register(self, gpu: int) -> int:
         """A hook client registers on ``gpu``: the faults kept for it are delivered (each kept

@@ -249,6 +249,26 @@ class HookServer:
                         incident.get("code"), gpu, PENDING_FAULT_TTL_NS // 1_000_000_000)
         return sent
 
+    def publish_at_risk(self, verdict: Mapping, gpu: int, t_ns: int) -> int:
+        """A GPU at risk (:class:`~linkpass.core.model.NotifyAtRisk`): a ``gpu_at_risk`` message
+        to the registered clients on GPU ``gpu`` (and those that registered no GPU).  Not kept
+        for later clients: a process that starts on a GPU at risk is the scheduler's to avoid
+        (the alert says drain the node).  Returns how many clients it went to; never raises."""
+        try:
+            msg = proto.build_gpu_at_risk(instance=self.instance, host=self.host, gpu=gpu, verdict=verdict, t_ns=t_ns)
+            proto.encode(msg)
+        except proto.ProtocolError as e:
+            log.error("cannot build a gpu_at_risk message: %s", e)
+            return 0
+        sent = 0
+        for c in list(self.clients.values()):
+            if c.reg is None or (c.reg.gpu is not None and c.reg.gpu != gpu):
+                continue
+            self._send(c, msg)
+            sent += 1
+        self.counters["at_risk_sent"] += sent
+        return sent
+
     @property
     def pending_faults(self) -> dict[int, list[_PendingFault]]:
         """GPU index -> the device faults kept for it, oldest first (a copy)."""

@@ -69,6 +69,10 @@ class HookNotifier(Protocol):
         client that registers on that GPU, and ``on_delivered(n)`` is called when one does)."""
         ...
 
+    def publish_at_risk(self, verdict: Mapping, gpu: int, t_ns: int) -> int:
+        """Tell the registered clients on GPU ``gpu`` that it is at risk; returns how many got it."""
+        ...
+
 
 @runtime_checkable
 class ProbePriority(Protocol):
