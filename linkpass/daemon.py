@@ -307,6 +307,7 @@ class Daemon:
                                 cfg.hooks.max_clients, on_report=self._hook_report) if cfg.hooks.enabled else None
         self.device_faults = DeviceFaultNotifier(self.hooks, self.queue.put_nowait)
         self.at_risk = AtRiskNotifier(self.hooks)
+        self.risk_gpus: set[int] = set()  # GPUs whose counters the counter poller reads
         self.device_sources: dict = {}  # name -> running live device source (kmsg, nvml, rdma)
         # the readers of PublishHistory: callables taking the entries (oldest first), in this order
         self.history_readers: list[Callable] = []
@@ -542,6 +543,7 @@ class Daemon:
             rtts = [st.ewma_rtt_ns for (rail, _), st in path_stats.items() if rail == r.id and st.ewma_rtt_ns is not None]
             rails.append(RailSnapshot(
                 id=r.id, netdev=r.netdev, state=h.state.value, usable=h.usable, degraded=r.id in eng.degraded,
+                at_risk=("rail", r.id) in eng.at_risk,
                 suppressed=None if dm is None else dm.suppressed(now), damping_penalty=None if dm is None else dm.penalty_at(now),
                 probe_loss=eng.rail_loss(r.id), probe_rtt_s=statistics.median(rtts) / 1e9 if rtts else None))
         prober_snap = None
@@ -602,6 +604,7 @@ class Daemon:
             engine=eng.status(now) if engine else None,
             device_sources={name: src.status() for name, src in self.device_sources.items()} if engine else None,
             snapshots=eng.snapshots.view() if self.hooks is not None else None,
+            gpu_at_risk={**{g: False for g in self.risk_gpus}, **{k[1]: True for k in eng.at_risk if k[0] == "gpu"}},
         )
 
     def status(self) -> dict:

@@ -73,7 +73,7 @@ METRIC_NAMES = (
     "linkpass_info", "linkpass_ready", "linkpass_plan_generation", "linkpass_applied_generation",
     "linkpass_rails_configured", "linkpass_rails_usable", "linkpass_rail_state", "linkpass_rail_usable",
     "linkpass_rail_degraded", "linkpass_rail_suppressed", "linkpass_rail_damping_penalty",
-    "linkpass_rail_probe_loss_ratio", "linkpass_rail_probe_rtt_seconds",
+    "linkpass_rail_probe_loss_ratio", "linkpass_rail_probe_rtt_seconds", "linkpass_rail_at_risk", "linkpass_gpu_at_risk",
     "linkpass_probe_rtt_seconds", "linkpass_probe_loss_ratio", "linkpass_probe_replies_total",
     "linkpass_probe_lost_total", "linkpass_prober_events_total",
     "linkpass_hook_clients", "linkpass_hook_clients_registered", "linkpass_hook_connections_total",
@@ -356,7 +356,15 @@ def state_families(snap: DaemonSnapshot) -> list[Metric]:
             rloss.add_metric(lab, r.probe_loss)
         if r.probe_rtt_s is not None:
             rrtt.add_metric(lab, r.probe_rtt_s)
-    out += [state, usable, degraded, suppressed, penalty, rloss, rrtt]
+    risk = _gauge("linkpass_rail_at_risk", "1 while the rail's counters say it is at risk (it is drained for it).",
+                  ["rail", "netdev"])
+    for r in snap.rails:
+        risk.add_metric([str(r.id), r.netdev], 1 if r.at_risk else 0)
+    gpu_risk = _gauge("linkpass_gpu_at_risk", "1 while the GPU's counters say it is at risk (its ranks move to spares).",
+                      ["gpu"])
+    for g, v in sorted((snap.gpu_at_risk or {}).items()):
+        gpu_risk.add_metric([str(g)], 1 if v else 0)
+    out += [state, usable, degraded, suppressed, penalty, rloss, rrtt, risk, gpu_risk]
     out.append(GaugeMetricFamily("linkpass_rails_configured", "Rails this daemon watches.", value=len(snap.rails)))
     out.append(GaugeMetricFamily("linkpass_rails_usable", "Rails that may carry traffic now.", value=len(snap.usable_rails)))
 

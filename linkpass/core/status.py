@@ -42,6 +42,7 @@ class RailSnapshot:
         probe_loss: probe loss ratio over the loss window (0..1), None when unknown.
         probe_rtt_s: median over the rail's probed paths of their smoothed RTT (s); None when no
             path has one or the snapshot was taken without probes.
+        at_risk: its counters say it is at risk (drained for it: :mod:`linkpass.core.risk`).
     """
 
     id: int
@@ -53,6 +54,7 @@ class RailSnapshot:
     damping_penalty: float | None
     probe_loss: float | None
     probe_rtt_s: float | None
+    at_risk: bool = False
 
 
 @dataclass(frozen=True)
@@ -155,6 +157,8 @@ class DaemonSnapshot:
         device_sources: live device source name -> its JSON status (None without ``engine``).
         snapshots: the torch hooks' snapshot reports per job (:mod:`linkpass.core.snapshots`);
             None when hooks are off.
+        gpu_at_risk: NVML GPU index -> at risk now, for every GPU the counter poller watches
+            and every GPU with a verdict.
     """
 
     t_ns: int
@@ -185,6 +189,7 @@ class DaemonSnapshot:
     engine: Mapping[str, Any] | None = None
     device_sources: Mapping[str, Any] | None = None
     snapshots: SnapshotsView | None = None
+    gpu_at_risk: Mapping[int, bool] | None = None
 
     @property
     def usable_rails(self) -> tuple[int, ...]:

@@ -88,6 +88,31 @@ tests:
               summary: "rail 1 (rail1) on n1 is suppressed by flap damping"
               description: "The rail kept flapping; it stays out of use until its penalty decays below the reuse limit."
 
+  # a rail at risk and a GPU at risk -> one warning each; a clean rail -> nothing
+  - interval: 1m
+    input_series:
+      - series: 'linkpass_rail_at_risk{{{N}, rail="0", netdev="rail0"}}'
+        values: '0 1x10'
+      - series: 'linkpass_rail_at_risk{{{N}, rail="1", netdev="rail1"}}'
+        values: '0x10'
+      - series: 'linkpass_gpu_at_risk{{{N}, gpu="3"}}'
+        values: '0 1x10'
+    alert_rule_test:
+      - eval_time: 3m
+        alertname: LinkpassRailAtRisk
+        exp_alerts:
+          - exp_labels: {{severity: warning, instance: n1, job: linkpass, rail: "0", netdev: rail0}}
+            exp_annotations:
+              summary: "rail 0 (rail0) on n1 is at risk and drained"
+              description: "Its error counters climb (linkpass status shows which, at what rate): traffic was moved off it before it fails. Check the optic, cable and switch port at a quiet moment; it is used again after its counters stay clean for the hold time."
+      - eval_time: 3m
+        alertname: LinkpassGpuAtRisk
+        exp_alerts:
+          - exp_labels: {{severity: warning, instance: n1, job: linkpass, gpu: "3"}}
+            exp_annotations:
+              summary: "GPU 3 on n1 is at risk"
+              description: "Its counters say it may fail soon (linkpass status shows which): protected ranks on it move to spares at a step boundary. Drain the node at a quiet moment, then reset or replace the GPU."
+
   # every rail down on a ready daemon -> critical; the same on a daemon still starting -> nothing
   - interval: 1m
     input_series:
