@@ -131,3 +131,15 @@ def test_link_up_during_risk_drain_does_not_fail_back():
 
     assert decided(eng.handle(LinkChanged(up("rail0"), 2 * S), 2 * S)) == []
     assert eng.rails[0].state == RailState.DRAINED
+
+
+def test_linkpass_status_says_what_is_at_risk_and_what_was_done():
+    from linkpass.cli.app import _status_lines
+
+    eng = started()
+    eng.handle(risk("rail", 1, True, S), S)
+    eng.handle(risk("gpu", 2, True, S), S)
+    lines = [x for x in _status_lines({"hooks": {}, "at_risk": eng.status(S)["at_risk"]}) if x.startswith("AT RISK")]
+    assert lines == ["AT RISK: rail 1: symbol_error 40 per hour over 3600 s (rule ib.symbol_error.rate); drain",
+                     "AT RISK: GPU 2: symbol_error 40 per hour over 3600 s (rule ib.symbol_error.rate); move the rank "
+                     "to a spare at the next step boundary"]
