@@ -140,6 +140,6 @@ def test_linkpass_status_says_what_is_at_risk_and_what_was_done():
     eng.handle(risk("rail", 1, True, S), S)
     eng.handle(risk("gpu", 2, True, S), S)
     lines = [x for x in _status_lines({"hooks": {}, "at_risk": eng.status(S)["at_risk"]}) if x.startswith("AT RISK")]
-    assert lines == ["AT RISK: rail 1: symbol_error 40 per hour over 3600 s (rule ib.symbol_error.rate); drain",
-                     "AT RISK: GPU 2: symbol_error 40 per hour over 3600 s (rule ib.symbol_error.rate); move the rank "
-                     "to a spare at the next step boundary"]
+    assert lines == ["AT RISK: GPU 2: symbol_error 40 per hour over 3600 s (rule ib.symbol_error.rate); move the rank "
+                     "to a spare at the next step boundary",
+                     "AT RISK: rail 1: symbol_error 40 per hour over 3600 s (rule ib.symbol_error.rate); drain"]
