@@ -84,18 +84,20 @@ class ReadError(Exception):
         self.detail = detail
 
 
-def _read(path: Path) -> str:
+def _read(path: Path, shown: str | None = None) -> str:
+    """A sysfs file's text; ``shown``: the path as problems name it (the path under the root)."""
+    where = shown or str(path)
     try:
         with open(path, "rb") as f:
             data = f.read(MAX_READ)
     except FileNotFoundError:
-        raise ReadError("vanished", f"{path}: gone") from None
+        raise ReadError("vanished", f"{where}: gone") from None
     except OSError as e:
-        raise ReadError("unreadable", f"{path}: {e.strerror or e}") from None
+        raise ReadError("unreadable", f"{where}: {e.strerror or e}") from None
     try:
         return data.decode("ascii")
     except UnicodeDecodeError:
-        raise ReadError("garbage", f"{path}: not ASCII text ({data[:16]!r})") from None
+        raise ReadError("garbage", f"{where}: not ASCII text ({data[:16]!r})") from None
 
 
 def parse_counter(text: str, where: str) -> int:
@@ -337,7 +339,7 @@ class CounterPoller:
         rel = "/" + str(path.relative_to(self.root)) if path.is_relative_to(self.root) else str(path)
 
         def fn() -> list[CounterSample]:
-            v = parse_counter(_read(path), rel)
+            v = parse_counter(_read(path, rel), rel)
             return [CounterSample(kind, subject, counter, float(v), self.clock(), rel)]
         return _Read(str(path), fn, kind, subject, counter, rel)
 
@@ -352,7 +354,8 @@ class CounterPoller:
                 p = base / d / fname
                 if d != bdf and not p.exists():
                     continue  # a port without AER capability (or a host bridge) has no file
-                total += parse_aer(_read(p), total_key, f"/sys/bus/pci/devices/{d}/{fname}")[0]
+                shown = f"/sys/bus/pci/devices/{d}/{fname}"
+                total += parse_aer(_read(p, shown), total_key, shown)[0]
             return [CounterSample(kind, subject, counter, float(total), self.clock(), src)]
         return _Read(f"{bdf}:{fname}", fn, kind, subject, counter, src)
 
@@ -366,16 +369,18 @@ class CounterPoller:
                 return out  # the driver exposes no hwmon: no optics temperature here
             for hw in sorted(d.iterdir()):
                 for lab in sorted(hw.glob("temp*_label")):
-                    label = _read(lab).strip()
+                    label = _read(lab, f"{src}/{hw.name}/{lab.name}").strip()
                     if "module" not in label.lower():
                         continue
                     stem = lab.name[: -len("_label")]
-                    t = parse_counter(_read(hw / f"{stem}_input"), f"{src}/{hw.name}/{stem}_input")
+                    shown = f"{src}/{hw.name}/{stem}_input"
+                    t = parse_counter(_read(hw / f"{stem}_input", shown), shown)
                     out.append(CounterSample("rail", r.rail, "module_temp_c", t / 1000.0, self.clock(),
                                              f"{src}/{hw.name}/{stem}_input"))
                     crit = hw / f"{stem}_crit"
                     if crit.exists():
-                        c = parse_counter(_read(crit), f"{src}/{hw.name}/{stem}_crit")
+                        shown = f"{src}/{hw.name}/{stem}_crit"
+                        c = parse_counter(_read(crit, shown), shown)
                         out.append(CounterSample("rail", r.rail, "module_temp_crit_c", c / 1000.0, self.clock(),
                                                  f"{src}/{hw.name}/{stem}_crit"))
                     return out

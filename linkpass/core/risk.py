@@ -208,6 +208,8 @@ DEFAULT_RULES: tuple[Rule, ...] = (
          min_polls=2, min_span_s=60.0),
     Rule("ib.port_rcv_errors.rate", "rail", "port_rcv_errors", "rate", 10.0, 60.0, "per second",
          NVSENTINEL + ": port_rcv_errors velocity > 10/second", per_s=1.0, min_polls=2, min_span_s=5.0),
+    Rule("ib.local_ack_timeout_err.rate", "rail", "local_ack_timeout_err", "rate", 1.0, 60.0, "per second",
+         NVSENTINEL + ": local_ack_timeout_err velocity > 1/second", per_s=1.0, min_polls=2, min_span_s=10.0),
     # a 4-bit counter of link integrity failures past the port's own limit: NVSentinel makes any
     # increment fatal; each increment is the port's own verdict, not a noisy reading
     Rule("ib.local_link_integrity_errors.any", "rail", "local_link_integrity_errors", "count", 0.0, 600.0,
