@@ -410,8 +410,9 @@ class RiskTracker:
             ser.rises.clear()
             ser.points.append((s.t_ns, ser.cum))
             return out
-        self._healthy(*key)
-        if w and w[1] == "saturate" and v >= 2 ** w[0] - 1:
+        pinned = bool(w and w[1] == "saturate" and v >= 2 ** w[0] - 1)
+        self._healthy(*key, keep="saturated" if pinned else None)
+        if pinned:
             out += self._problem(SourceProblem(s.kind, s.subject, s.counter, s.source, "saturated",
                                                f"{s.source}: pinned at {v:.0f} (all ones, {w[0]} bit): its rate is no "
                                                "longer known until it is cleared", s.t_ns))
@@ -589,7 +590,9 @@ def log_timeline(lines: list[str], subjects: dict[str, tuple[str, int]], topolog
     """A captured kernel log -> ``[(ts_s, samples, incidents_at_ts)]`` in time order: each
     corrected-AER occurrence becomes the counts after it (:class:`AerLogCounter`), each other
     incident is listed at its time (the failure a benchmark measures lead time to).  ``ts_s``
-    is the log's own stamp in seconds; lines without one are skipped.
+    is the log's own stamp in seconds; lines without one are skipped.  The first entry holds
+    the zero counts, stamped 1 µs before the first record (a live daemon feeds
+    :meth:`AerLogCounter.samples` every poll from its start, which gives the same baseline).
 
     Raises:
         ValueError: the classifier failed on the log (its one-line error).
@@ -613,6 +616,9 @@ def log_timeline(lines: list[str], subjects: dict[str, tuple[str, int]], topolog
     events.sort(key=lambda e: (e[0], e[1]))
     counter = AerLogCounter(subjects)
     out: list[tuple[float, list[CounterSample], list]] = []
+    if events:  # the counts before the first record are 0: the tracker's baseline
+        t0 = events[0][0] - 1e-6
+        out.append((t0, counter.samples(int(t0 * 1e9)), []))
     for ts, _, inc in events:
         t_ns = int(ts * 1e9)
         got = counter.record(inc.code, inc.device, inc.summary, t_ns)
