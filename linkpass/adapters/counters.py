@@ -1,0 +1,494 @@
+"""Counter sources for :mod:`linkpass.core.risk` (issue 18, part 1): sysfs and NVML readings ->
+:class:`~linkpass.core.risk.CounterSample`, and what could not be read ->
+:class:`~linkpass.core.risk.SourceProblem`.  Every reader takes a root directory, so tests and
+benchmarks read captured trees (``tests/fixtures/counters/``).
+
+Sources (paths under ``root``):
+
+- RDMA port counters, ``sys/class/infiniband/<hca>/ports/<n>/counters/<name>`` and
+  ``.../hw_counters/<name>``: one unsigned decimal per file (``drivers/infiniband/core/
+  sysfs.c``: ``show_pma_counter`` prints ``%u``/``%llu`` + ``\\n``, ``print_hw_stat``
+  ``%llu\\n``).  Widths and saturate/wrap behaviour: :data:`linkpass.core.risk.COUNTER_WIDTHS`.
+- netdev statistics, ``sys/class/net/<netdev>/statistics/{rx_crc_errors,carrier_changes}``:
+  one decimal (``net/core/net-sysfs.c``, ``NETSTAT_ENTRY``, ``fmt_u64``).  sysfs reads work on
+  captured trees and need no netlink socket; pyroute2's ``IFLA_STATS64`` gives the same numbers.
+- PCIe AER, ``sys/bus/pci/devices/<bdf>/aer_dev_{correctable,nonfatal,fatal}``
+  (``drivers/pci/pcie/aer.c``, ``aer_stats_dev_attr``): one ``"<name> <count>"`` line per named
+  error bit, then ``TOTAL_ERR_COR <n>`` / ``TOTAL_ERR_NONFATAL <n>`` / ``TOTAL_ERR_FATAL <n>``.
+  The device's totals and those of every PCIe port above it (the directories above
+  ``realpath(sys/bus/pci/devices/<bdf>)`` that are named like bus ids) are summed into one
+  sample: a root port logs the errors of the link below it.
+- optics temperature, ``sys/class/net/<netdev>/device/hwmon/hwmon*/temp<i>_{input,crit,label}``
+  (Documentation/hwmon/sysfs-interface.rst: millidegrees Celsius; mlx5 since Linux 6.5,
+  ``drivers/net/ethernet/mellanox/mlx5/core/hwmon.c``: ``temp_input`` = MTMP temperature,
+  ``temp_crit`` = MTMP ``temp_threshold_hi``, one channel per sensor, the module's among them).
+  The channel whose label names a module is ``module_temp_c`` (its crit
+  ``module_temp_crit_c``); no such channel: no sample.
+- NVML (nvidia-ml-py, the ``nvml`` extra of pyproject.toml), per GPU index:
+  ``nvmlDeviceGetTotalEccErrors(h, NVML_MEMORY_ERROR_TYPE_CORRECTED/UNCORRECTED,
+  NVML_VOLATILE_ECC)``, ``nvmlDeviceGetRemappedRows(h)`` -> (corrected rows, uncorrected rows,
+  pending, failure), ``nvmlDeviceGetRetiredPagesPendingStatus(h)``,
+  ``nvmlDeviceGetNvLinkErrorCounter(h, link, NVML_NVLINK_ERROR_DL_CRC_FLIT/REPLAY/RECOVERY)``
+  summed over the links that answer, ``nvmlDeviceGetPcieReplayCounter(h)``,
+  ``nvmlDeviceGetTemperature(h, NVML_TEMPERATURE_GPU)`` and
+  ``nvmlDeviceGetTemperatureThreshold(h, NVML_TEMPERATURE_THRESHOLD_SLOWDOWN)``.  A call that
+  raises ``NVML_ERROR_NOT_SUPPORTED`` is not a problem: that counter does not exist there.
+
+Bounded reads: reading an RDMA PMA counter sends a MAD to the HCA's firmware and an NVML call
+talks to the driver; either can hang.  :class:`CounterPoller` runs every read in a small pool of
+worker threads and waits for the poll at most ``deadline_s``; a read not done by then is a
+``timeout`` problem and its path (or NVML GPU) is skipped in later polls until that read has
+returned, so a hung file ties up one worker, never the daemon.  The thread itself cannot be
+killed (a blocked ``read(2)`` in sysfs is uninterruptible); that is why hung paths are skipped.
+
+Bad input never raises: a file that is not a number is ``garbage``, a truncated AER file
+without its TOTAL line is ``garbage``, a file or device that is gone is ``vanished``, any
+other OSError is ``unreadable``.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import importlib
+import os
+import re
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from linkpass.core.risk import COUNTER_WIDTHS, CounterSample, SourceProblem
+
+#: the RDMA port counters read (rules' counters and the rest of the IBTA PortCounters errors)
+IB_COUNTERS = ("symbol_error", "link_error_recovery", "link_downed", "port_rcv_errors",
+               "local_link_integrity_errors", "excessive_buffer_overrun_errors", "port_rcv_remote_physical_errors",
+               "port_xmit_discards")
+IB_HW_COUNTERS = ("rnr_nak_retry_err", "local_ack_timeout_err", "out_of_sequence", "packet_seq_err",
+                  "roce_slow_restart", "req_transport_retries_exceeded")
+NETDEV_COUNTERS = ("rx_crc_errors", "carrier_changes")
+AER_FILES = (("aer_dev_correctable", "TOTAL_ERR_COR", "aer_correctable"),
+             ("aer_dev_nonfatal", "TOTAL_ERR_NONFATAL", "aer_nonfatal"),
+             ("aer_dev_fatal", "TOTAL_ERR_FATAL", "aer_fatal"))
+_BDF = re.compile(r"^[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
+#: the most bytes read from one file: a counter is a line, an AER file a few hundred bytes
+MAX_READ = 8192
+
+
+class ReadError(Exception):
+    """A reading that could not be had: ``problem`` as in :class:`SourceProblem`."""
+
+    def __init__(self, problem: str, detail: str):
+        super().__init__(detail)
+        self.problem = problem
+        self.detail = detail
+
+
+def _read(path: Path, shown: str | None = None) -> str:
+    """A sysfs file's text; ``shown``: the path as problems name it (the path under the root)."""
+    where = shown or str(path)
+    try:
+        with open(path, "rb") as f:
+            data = f.read(MAX_READ)
+    except FileNotFoundError:
+        raise ReadError("vanished", f"{where}: gone") from None
+    except OSError as e:
+        raise ReadError("unreadable", f"{where}: {e.strerror or e}") from None
+    try:
+        return data.decode("ascii")
+    except UnicodeDecodeError:
+        raise ReadError("garbage", f"{where}: not ASCII text ({data[:16]!r})") from None
+
+
+def parse_counter(text: str, where: str) -> int:
+    """One sysfs counter file's text (``"123\\n"``) -> its value.
+
+    Raises:
+        ReadError: ``garbage`` (empty, truncated mid-number is indistinguishable from a short
+            number so only a missing line end on an empty read is caught, not a number, a
+            negative or a second word) naming ``where``.
+    """
+    t = text.strip()
+    if not t:
+        raise ReadError("garbage", f"{where}: empty")
+    if not t.isdigit() or not t.isascii():
+        raise ReadError("garbage", f"{where}: {t[:40]!r} is not an unsigned decimal counter")
+    return int(t)
+
+
+def parse_aer(text: str, total_key: str, where: str) -> tuple[int, dict[str, int]]:
+    """An ``aer_dev_*`` file (aer.c ``aer_stats_dev_attr``) -> (total, {error name: count}).
+
+    Raises:
+        ReadError: ``garbage`` naming ``where`` and the line: a line that is not ``name count``,
+            or no ``total_key`` line (a truncated file).
+    """
+    total = None
+    per: dict[str, int] = {}
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        parts = line.split()
+        if len(parts) != 2 or not parts[1].isdigit():
+            raise ReadError("garbage", f"{where} line {n}: {line[:60]!r} is not '<name> <count>'")
+        if parts[0] == total_key:
+            total = int(parts[1])
+        else:
+            per[parts[0]] = int(parts[1])
+    if total is None:
+        raise ReadError("garbage", f"{where}: no {total_key} line (truncated?)")
+    return total, per
+
+
+@dataclass(frozen=True)
+class RailSource:
+    """What is read for one rail: ``hca`` / ``port`` (RDMA; None: not an RDMA rail),
+    ``netdev``, ``bdf`` (the NIC's PCI bus id, for AER; None: unknown)."""
+
+    rail: int
+    netdev: str
+    hca: str | None = None
+    port: int | None = None
+    bdf: str | None = None
+
+
+@dataclass(frozen=True)
+class GpuSource:
+    """One GPU: NVML ``index`` and PCI ``bdf`` (for AER; None: unknown)."""
+
+    index: int
+    bdf: str | None = None
+
+
+def upstream_ports(root: str | Path, bdf: str) -> list[str]:
+    """The bus ids of the PCIe ports above ``bdf``, nearest first, from its sysfs device path
+    (``sys/bus/pci/devices/<bdf>`` links to ``../../../devices/pci0000:00/0000:00:02.0/<bdf>``).
+    Empty when the link is missing or the tree has no such path."""
+    p = Path(root) / "sys/bus/pci/devices" / bdf
+    try:
+        real = Path(os.path.realpath(p))
+    except OSError:
+        return []
+    out = []
+    for part in reversed(real.parts[:-1]):
+        if _BDF.match(part):
+            out.append(part)
+        elif part.startswith("pci"):
+            break
+    return out
+
+
+@dataclass
+class _Read:
+    """One planned read: a key for the hung-read bookkeeping, and what it yields."""
+
+    key: str
+    fn: Callable[[], list[CounterSample]]
+    kind: str
+    subject: int
+    counter: str
+    source: str
+
+
+class NvmlCounters:
+    """Reads the NVML counters of GPUs by index.  ``nvml``: the ``pynvml`` module or a fake
+    with the same functions (:class:`linkpass.adapters.counters_fake.FakeNvml`)."""
+
+    def __init__(self, nvml: Any):
+        self.nv = nvml
+        self._handles: dict[int, Any] = {}
+
+    def _h(self, i: int) -> Any:
+        if i not in self._handles:
+            self._handles[i] = self.nv.nvmlDeviceGetHandleByIndex(i)
+        return self._handles[i]
+
+    def _unsupported(self, e: Exception) -> bool:
+        return getattr(e, "value", None) == getattr(self.nv, "NVML_ERROR_NOT_SUPPORTED", 3)
+
+    def read(self, i: int, t_ns_of: Callable[[], int]) -> tuple[list[CounterSample], list[tuple[str, str, str]]]:
+        """Samples of GPU ``i`` and problems as (counter, problem, detail)."""
+        nv = self.nv
+        out: list[CounterSample] = []
+        bad: list[tuple[str, str, str]] = []
+
+        def one(counter: str, api: str, f: Callable[[], Any]) -> None:
+            try:
+                v = f()
+            except Exception as e:  # NVMLError and anything a broken binding raises
+                if self._unsupported(e):
+                    return
+                bad.append((counter, "unreadable", f"nvml:{api} on GPU {i}: {e}"))
+                return
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0:
+                bad.append((counter, "garbage", f"nvml:{api} on GPU {i}: {v!r}"))
+                return
+            out.append(CounterSample("gpu", i, counter, float(v), t_ns_of(), f"nvml:{api}"))
+
+        try:
+            h = self._h(i)
+        except Exception as e:
+            return [], [("nvml", "vanished", f"nvml:nvmlDeviceGetHandleByIndex({i}): {e}")]
+        one("ecc_volatile_corrected", "nvmlDeviceGetTotalEccErrors",
+            lambda: nv.nvmlDeviceGetTotalEccErrors(h, nv.NVML_MEMORY_ERROR_TYPE_CORRECTED, nv.NVML_VOLATILE_ECC))
+        one("ecc_volatile_uncorrected", "nvmlDeviceGetTotalEccErrors",
+            lambda: nv.nvmlDeviceGetTotalEccErrors(h, nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nv.NVML_VOLATILE_ECC))
+        try:
+            rows = nv.nvmlDeviceGetRemappedRows(h)
+            _c, _u, pending, failure = rows
+            one("row_remap_pending", "nvmlDeviceGetRemappedRows", lambda: int(bool(pending)))
+            one("row_remap_failure", "nvmlDeviceGetRemappedRows", lambda: int(bool(failure)))
+        except Exception as e:
+            if not self._unsupported(e):
+                bad.append(("row_remap_pending", "unreadable", f"nvml:nvmlDeviceGetRemappedRows on GPU {i}: {e}"))
+        one("retired_pages_pending", "nvmlDeviceGetRetiredPagesPendingStatus",
+            lambda: int(nv.nvmlDeviceGetRetiredPagesPendingStatus(h) == nv.NVML_FEATURE_ENABLED))
+        for counter, kind in (("nvlink_crc_flit", "NVML_NVLINK_ERROR_DL_CRC_FLIT"),
+                              ("nvlink_replay", "NVML_NVLINK_ERROR_DL_REPLAY"),
+                              ("nvlink_recovery", "NVML_NVLINK_ERROR_DL_RECOVERY")):
+            total, seen, err = 0, 0, None
+            for link in range(getattr(nv, "NVML_NVLINK_MAX_LINKS", 18)):
+                try:
+                    total += int(nv.nvmlDeviceGetNvLinkErrorCounter(h, link, getattr(nv, kind)))
+                    seen += 1
+                except Exception as e:
+                    if not self._unsupported(e) and getattr(e, "value", None) != getattr(nv, "NVML_ERROR_INVALID_ARGUMENT", 2):
+                        err = e
+            if err is not None:
+                bad.append((counter, "unreadable", f"nvml:nvmlDeviceGetNvLinkErrorCounter on GPU {i}: {err}"))
+            elif seen:
+                out.append(CounterSample("gpu", i, counter, float(total), t_ns_of(), "nvml:nvmlDeviceGetNvLinkErrorCounter"))
+        one("pcie_replay", "nvmlDeviceGetPcieReplayCounter", lambda: nv.nvmlDeviceGetPcieReplayCounter(h))
+        one("gpu_temp_c", "nvmlDeviceGetTemperature", lambda: nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU))
+        one("gpu_temp_slowdown_c", "nvmlDeviceGetTemperatureThreshold",
+            lambda: nv.nvmlDeviceGetTemperatureThreshold(h, nv.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN))
+        return out, bad
+
+
+@dataclass
+class CounterPoller:
+    """Reads every counter of the host once per :meth:`poll`.
+
+    Args:
+        rails, gpus: what to read (:meth:`from_topology` builds them from discovery).
+        root: the sysfs root (``"/"`` live; a captured tree in tests).
+        nvml: ``pynvml`` or a fake; None: no NVML counters.
+        deadline_s: the most one poll waits for its reads (see the module docstring).
+        workers: reader threads.
+        clock: monotonic ns (tests pass a fake).
+    """
+
+    rails: list[RailSource]
+    gpus: list[GpuSource] = field(default_factory=list)
+    root: str | Path = "/"
+    nvml: Any = None
+    deadline_s: float = 2.0
+    workers: int = 4
+    clock: Callable[[], int] = time.monotonic_ns
+
+    def __post_init__(self) -> None:
+        self.root = Path(self.root)
+        self._pool = cf.ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="linkpass-counters")
+        self._hung: dict[str, cf.Future] = {}
+        self._nv = NvmlCounters(self.nvml) if self.nvml is not None else None
+        self._ports: dict[str, list[str]] = {}
+        self.counters = {"polls": 0, "timeouts": 0}
+
+    @classmethod
+    def from_topology(cls, rails: dict[int, str], topology: Any, **kw) -> "CounterPoller":
+        """From the daemon's rails (rail id -> netdev, as ``[[rails]]`` lists them) and the
+        discovered :class:`topology.model.Topology`: each rail's HCA, port and PCI bus id are
+        those of the NIC whose port (or netdev list) names the rail's netdev; GPUs are the
+        topology's GPUs that have an NVML index."""
+        out: list[RailSource] = []
+        for rail, netdev in sorted(rails.items()):
+            src = RailSource(rail, netdev)
+            for nic in getattr(topology, "nics", []) or []:
+                port = next((p for p in nic.ports if p.netdev == netdev), None)
+                if port is not None or netdev in (nic.netdevs or []):
+                    rdma = nic.kind in (None, "rdma", "efa") and bool(nic.ports)
+                    src = RailSource(rail, netdev, nic.name if rdma else None,
+                                     (port.port if port is not None else nic.ports[0].port) if rdma else None,
+                                     nic.pci_bus_id)
+                    break
+            out.append(src)
+        gpus = [GpuSource(g.index, g.pci_bus_id) for g in getattr(topology, "gpus", []) or [] if g.index is not None]
+        return cls(out, gpus, **kw)
+
+    def aer_subjects(self) -> dict[str, tuple[str, int]]:
+        """PCI bus id -> (kind, subject) for every device read and the ports above it (for
+        :class:`linkpass.core.risk.AerLogCounter`); a port shared by several subjects names the
+        first (GPUs before rails)."""
+        out: dict[str, tuple[str, int]] = {}
+        for kind, subject, bdf in ([("gpu", g.index, g.bdf) for g in self.gpus]
+                                   + [("rail", r.rail, r.bdf) for r in self.rails]):
+            if not bdf:
+                continue
+            for b in [bdf, *self._upstream(bdf)]:
+                out.setdefault(b, (kind, subject))
+        return out
+
+    def _upstream(self, bdf: str) -> list[str]:
+        if bdf not in self._ports:
+            self._ports[bdf] = upstream_ports(self.root, bdf)
+        return self._ports[bdf]
+
+    # -- the reads of one poll
+
+    def _file_read(self, kind: str, subject: int, counter: str, path: Path) -> _Read:
+        rel = "/" + str(path.relative_to(self.root)) if path.is_relative_to(self.root) else str(path)
+
+        def fn() -> list[CounterSample]:
+            v = parse_counter(_read(path, rel), rel)
+            return [CounterSample(kind, subject, counter, float(v), self.clock(), rel)]
+        return _Read(str(path), fn, kind, subject, counter, rel)
+
+    def _aer_read(self, kind: str, subject: int, bdf: str, fname: str, total_key: str, counter: str) -> _Read:
+        devs = [bdf, *self._upstream(bdf)]
+        base = self.root / "sys/bus/pci/devices"
+        src = f"/sys/bus/pci/devices/{{{','.join(devs)}}}/{fname}"
+
+        def fn() -> list[CounterSample]:
+            total = 0
+            for d in devs:
+                p = base / d / fname
+                if d != bdf and not p.exists():
+                    continue  # a port without AER capability (or a host bridge) has no file
+                shown = f"/sys/bus/pci/devices/{d}/{fname}"
+                total += parse_aer(_read(p, shown), total_key, shown)[0]
+            return [CounterSample(kind, subject, counter, float(total), self.clock(), src)]
+        return _Read(f"{bdf}:{fname}", fn, kind, subject, counter, src)
+
+    def _hwmon_read(self, r: RailSource) -> _Read:
+        d = self.root / "sys/class/net" / r.netdev / "device/hwmon"
+        src = f"/sys/class/net/{r.netdev}/device/hwmon"
+
+        def fn() -> list[CounterSample]:
+            out = []
+            if not d.is_dir():
+                return out  # the driver exposes no hwmon: no optics temperature here
+            for hw in sorted(d.iterdir()):
+                for lab in sorted(hw.glob("temp*_label")):
+                    label = _read(lab, f"{src}/{hw.name}/{lab.name}").strip()
+                    if "module" not in label.lower():
+                        continue
+                    stem = lab.name[: -len("_label")]
+                    shown = f"{src}/{hw.name}/{stem}_input"
+                    t = parse_counter(_read(hw / f"{stem}_input", shown), shown)
+                    out.append(CounterSample("rail", r.rail, "module_temp_c", t / 1000.0, self.clock(),
+                                             f"{src}/{hw.name}/{stem}_input"))
+                    crit = hw / f"{stem}_crit"
+                    if crit.exists():
+                        shown = f"{src}/{hw.name}/{stem}_crit"
+                        c = parse_counter(_read(crit, shown), shown)
+                        out.append(CounterSample("rail", r.rail, "module_temp_crit_c", c / 1000.0, self.clock(),
+                                                 f"{src}/{hw.name}/{stem}_crit"))
+                    return out
+            return out
+        return _Read(f"hwmon:{r.netdev}", fn, "rail", r.rail, "module_temp_c", src)
+
+    def plan(self) -> list[_Read]:
+        """Every read of one poll."""
+        reads: list[_Read] = []
+        for r in self.rails:
+            if r.hca is not None and r.port is not None:
+                pd = self.root / "sys/class/infiniband" / r.hca / "ports" / str(r.port)
+                for c in IB_COUNTERS:
+                    reads.append(self._file_read("rail", r.rail, c, pd / "counters" / c))
+                hw = pd / "hw_counters"
+                for c in IB_HW_COUNTERS:
+                    if (hw / c).exists():  # which hw_counters exist depends on the driver
+                        reads.append(self._file_read("rail", r.rail, c, hw / c))
+            nd = self.root / "sys/class/net" / r.netdev / "statistics"
+            for c in NETDEV_COUNTERS:
+                reads.append(self._file_read("rail", r.rail, c, nd / c))
+            if r.bdf:
+                for fname, key, counter in AER_FILES:
+                    reads.append(self._aer_read("rail", r.rail, r.bdf, fname, key, counter))
+            reads.append(self._hwmon_read(r))
+        for g in self.gpus:
+            if g.bdf:
+                for fname, key, counter in AER_FILES:
+                    reads.append(self._aer_read("gpu", g.index, g.bdf, fname, key, counter))
+        return reads
+
+    def _nvml_reads(self) -> list[tuple[str, int, Callable]]:
+        if self._nv is None:
+            return []
+        return [(f"nvml:{g.index}", g.index, (lambda i=g.index: self._nv.read(i, self.clock))) for g in self.gpus]
+
+    def poll(self) -> tuple[list[CounterSample], list[SourceProblem]]:
+        """Read everything once; never raises.  Returns (samples, problems)."""
+        self.counters["polls"] += 1
+        now = self.clock()
+        samples: list[CounterSample] = []
+        problems: list[SourceProblem] = []
+        for k, fut in list(self._hung.items()):
+            if fut.done():
+                del self._hung[k]
+        jobs: dict[cf.Future, tuple] = {}
+        for rd in self.plan():
+            if rd.key in self._hung:
+                problems.append(SourceProblem(rd.kind, rd.subject, rd.counter, rd.source, "timeout",
+                                              f"{rd.source}: an earlier read has not returned; skipped", now))
+                continue
+            jobs[self._pool.submit(rd.fn)] = ("file", rd)
+        for key, idx, fn in self._nvml_reads():
+            if key in self._hung:
+                problems.append(SourceProblem("gpu", idx, "nvml", "nvml", "timeout",
+                                              f"NVML GPU {idx}: an earlier call has not returned; skipped", now))
+                continue
+            jobs[self._pool.submit(fn)] = ("nvml", (key, idx))
+        done, pending = cf.wait(jobs, timeout=self.deadline_s)
+        for fut in pending:
+            what, x = jobs[fut]
+            self.counters["timeouts"] += 1
+            if what == "file":
+                self._hung[x.key] = fut
+                problems.append(SourceProblem(x.kind, x.subject, x.counter, x.source, "timeout",
+                                              f"{x.source}: no answer within {self.deadline_s:g} s", now))
+            else:
+                self._hung[x[0]] = fut
+                problems.append(SourceProblem("gpu", x[1], "nvml", "nvml", "timeout",
+                                              f"NVML GPU {x[1]}: no answer within {self.deadline_s:g} s", now))
+        for fut in done:
+            what, x = jobs[fut]
+            try:
+                res = fut.result()
+            except ReadError as e:
+                problems.append(SourceProblem(x.kind, x.subject, x.counter, x.source, e.problem, e.detail, now))
+                continue
+            except Exception as e:  # a reader bug must not take the poll down
+                kind, subj, ctr, src = (x.kind, x.subject, x.counter, x.source) if what == "file" else ("gpu", x[1], "nvml", "nvml")
+                problems.append(SourceProblem(kind, subj, ctr, src, "unreadable", f"{src}: {type(e).__name__}: {e}", now))
+                continue
+            if what == "file":
+                samples += res
+            else:
+                got, bad = res
+                samples += got
+                problems += [SourceProblem("gpu", x[1], c, "nvml", pr, d, now) for c, pr, d in bad]
+        samples.sort(key=lambda s: (s.kind, s.subject, s.counter))
+        return samples, problems
+
+    def close(self) -> None:
+        """Stop the workers (a hung read keeps its thread until it returns)."""
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def load_nvml() -> Any | None:
+    """``pynvml`` initialised, or None (not installed, no driver)."""
+    try:
+        nv = importlib.import_module("pynvml")
+        nv.nvmlInit()
+        return nv
+    except Exception:  # ImportError, NVMLError_LibraryNotFound / DriverNotLoaded
+        return None
+
+
+def all_counter_names() -> Iterable[str]:
+    """Every counter name a poll can produce (documentation and tests)."""
+    return (*IB_COUNTERS, *IB_HW_COUNTERS, *NETDEV_COUNTERS, *(c for _, _, c in AER_FILES), "module_temp_c",
+            "module_temp_crit_c", "ecc_volatile_corrected", "ecc_volatile_uncorrected", "row_remap_pending",
+            "row_remap_failure", "retired_pages_pending", "nvlink_crc_flit", "nvlink_replay", "nvlink_recovery",
+            "pcie_replay", "gpu_temp_c", "gpu_temp_slowdown_c", *COUNTER_WIDTHS)
