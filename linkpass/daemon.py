@@ -63,6 +63,7 @@ from linkpass.core.engine import Engine
 from linkpass.core.model import (
     ApplyRoutes,
     ConfigReloaded,
+    DeviceIncident,
     DeviceFaultDelivered,
     Drain,
     Event,
@@ -263,6 +264,18 @@ class AtRiskNotifier:
             self.unmoved += 1
             log.warning("GPU %d AT RISK (%s): no protected training process on it to move; remedy: drain the node "
                         "(let its jobs finish or move them) before the GPU fails, then reset or replace the GPU", a.gpu, what)
+
+
+def _tee(post: Callable[[Event], None], risk) -> Callable[[Event], None]:
+    """``post`` that also hands each :class:`DeviceIncident` to the counter source."""
+    def both(ev: Event) -> None:
+        post(ev)
+        if isinstance(ev, DeviceIncident):
+            try:
+                risk.on_incident(ev)
+            except Exception:
+                log.exception("counters: incident not counted")
+    return both
 
 
 def route_settings(cfg) -> RouteSettings:
@@ -494,6 +507,19 @@ class Daemon:
             r = RdmaPortEvents(post, compute_hcas=compute)
             if r.open():
                 self.device_sources["rdma"] = r
+        try:
+            from linkpass.adapters import risk_source
+
+            rs = risk_source.build(self.cfg, post, self.nccl_topology)
+        except Exception:  # a bug: the daemon runs on without counter trends
+            log.exception("counters: cannot set up the counter poller; running without at-risk verdicts")
+            rs = None
+        if rs is not None and rs.open():
+            self.device_sources["counters"] = rs
+            self.risk_gpus = set(rs.gpus)
+            k = self.device_sources.get("kmsg")
+            if k is not None:  # corrected-AER records count toward a GPU's (or NIC's) risk
+                k.post = _tee(k.post, rs)
         for name, src in self.device_sources.items():
             self._supervise(f"device-{name}", src.run())
 

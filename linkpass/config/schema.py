@@ -341,6 +341,22 @@ class DeviceSection(_Strict):
         return out
 
 
+class RiskSection(_Strict):
+    """The ``[risk]`` table: counter trends that drain a rail or move a GPU's rank before the
+    hardware fails (linkpass.core.risk: rules, thresholds and their sources)."""
+
+    enabled: StrictBool = Field(True, description="Poll RDMA port, netdev, PCIe AER, optics and NVML counters and act "
+                                "on rails and GPUs at risk.")
+    poll_interval_s: FiniteFloat = Field(1.0, ge=0.05, le=3600, description="Seconds between polls of every counter.")
+    clean_hold_s: FiniteFloat = Field(600.0, ge=0, le=7 * 86400, description="Seconds a rail or GPU at risk must stay "
+                                      "clean (no rule in breach, its counter not rising) before it is used again.")
+    deadline_s: FiniteFloat = Field(2.0, gt=0, le=60, description="The most one poll waits for its reads; a read that "
+                                    "takes longer is a timeout (one warning) and is skipped until it returns.")
+    sysfs_root: PathText = Field("/", min_length=1, description="Where sys/ is read from (\"/\" live; a captured or "
+                                 "emulated tree for tests and the emulated fabric).")
+    nvml: StrictBool = Field(True, description="Read GPU counters through NVML (nvidia-ml-py) when a driver is present.")
+
+
 DEFAULT_METRICS_PORT = 9472
 
 
@@ -445,6 +461,8 @@ class Config(_Strict):
     device: DeviceSection = Field(default_factory=DeviceSection, description="Live device evidence: kernel log, NVML Xid "
                                   "events, RDMA port events.")
     metrics: MetricsSection = Field(default_factory=MetricsSection, description="The Prometheus metrics endpoint.")
+    risk: RiskSection = Field(default_factory=RiskSection, description="Counter trends: rails drained and ranks moved "
+                              "before the hardware fails.")
     mqtt: MqttSection = Field(default_factory=MqttSection, description="MQTT alerts with a durable outbox.")
 
     @property
