@@ -173,6 +173,8 @@ def build(cfg: Any, post: Callable[[Event], None], topology: Any = None) -> Risk
         poller = CounterPoller.from_topology(rails, topology, **kw)
     else:
         poller = CounterPoller(rail_sources_from_sysfs(rc.sysfs_root, rails), [], **kw)
+    if not poller.gpus and cfg.device.gpus:  # no topology: the configured PCI bus id -> GPU index map
+        poller.gpus = [GpuSource(idx, bus.lower()) for bus, idx in sorted(cfg.device.gpus.items(), key=lambda x: x[1])]
     if nv is not None and not poller.gpus:
         try:
             poller.gpus = [GpuSource(i) for i in range(nv.nvmlDeviceGetCount())]

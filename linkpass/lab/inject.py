@@ -1,4 +1,5 @@
-"""`linkpass inject device-fault`: a GPU fault on an emulated host, as kernel-log evidence.
+"""`linkpass inject device-fault`: a GPU fault on an emulated host, as kernel-log evidence;
+`linkpass inject counters`: a rail's or GPU's error counters climb (issue 18).
 
 ::
 
@@ -18,6 +19,18 @@ daemon uses it to map an incident's PCI id to the GPU index hooks register (``gp
 
 ``--help`` (``-h``) after ``device-fault`` prints its options (exit 0).
 
+::
+
+    linkpass inject counters --host 1 --rail 0 [--counter port_rcv_errors] [--rate 100 --for 10 | --add N]
+    linkpass inject counters --host 1 --gpu 0 [--counter aer_correctable] [...]
+
+raises one counter in host I's emulated sysfs tree (``<state_dir>/h<I>.sys``, which its daemon
+polls: ``[risk] sysfs_root``, :mod:`linkpass.lab.fabric.counters`): by ``--add N`` at once, or
+``--rate`` per second for ``--for`` seconds (in steps of 0.1 s; the command returns when done).
+Default counter: ``port_rcv_errors`` for a rail (the rule ``ib.port_rcv_errors.rate``: more than
+10 a second), ``aer_correctable`` for a GPU (``gpu.aer_correctable.burst``).  ``--json``: one line
+``{"host", "kind", "subject", "counter", "path", "from", "to", "t_issued_ns", "t_done_ns"}``.
+
 Prints one line for a person: what was written where (:func:`describe`).  With ``--json`` it
 prints one JSON line instead, ``{"host", "gpu", "pci", "xid", "kmsg", "line", "t_issued_ns"}``
 (``t_issued_ns``: monotonic clock, just before the write), for scripts.  Exit 0; 2 with one line on stderr
@@ -30,6 +43,7 @@ import json
 import os
 import sys
 import time
+from pathlib import Path
 
 from linkpass.lab.fabric.gpus import MAX_GPUS, fake_pci_bus_id, gpu_map  # noqa: F401 (part of this module's API)
 
@@ -91,8 +105,66 @@ def inject_device_fault(name: str, host: int, gpu: int, xid: int) -> dict:
     return {"host": host, "gpu": gpu, "pci": fake_pci_bus_id(gpu), "xid": xid, "kmsg": path, "line": line, "t_issued_ns": t}
 
 
+def inject_counters(name: str, host: int, kind: str, subject: int, counter: str | None = None, add: int | None = None,
+                    rate: float = 100.0, duration_s: float = 10.0, stop=None) -> dict:
+    """Raise ``counter`` of rail / GPU ``subject`` on host ``host`` of fabric ``name`` (see the
+    module docstring).  ``stop``: a callable polled between steps; True ends the climb early.
+
+    Raises:
+        InjectError: no such fabric, host, rail, GPU or counter.
+    """
+    from linkpass.lab import fabric as fab
+    from linkpass.lab.fabric import counters as fc
+
+    try:
+        desc = fab.load(name)
+    except fab.FabricError as e:
+        raise InjectError(str(e).splitlines()[0] if str(e) else f"no fabric named {name!r}") from None
+    hosts = desc["hosts"]
+    if not 0 <= host < len(hosts):
+        raise InjectError(f"--host must be 0..{len(hosts) - 1} on fabric {name!r}, got {host}")
+    counter = counter or ("port_rcv_errors" if kind == "rail" else "aer_correctable")
+    if counter not in fc.counters_for(kind):
+        raise InjectError(f"--counter {counter!r} is not a {kind} counter here (known: {', '.join(fc.counters_for(kind))})")
+    if kind == "rail" and subject not in [r["rail"] for r in hosts[host]["rails"]]:
+        raise InjectError(f"--rail must be one of {[r['rail'] for r in hosts[host]['rails']]} on host {host}, got {subject}")
+    if kind == "gpu" and not 0 <= subject < fc.GPUS_WITH_COUNTERS:
+        raise InjectError(f"--gpu must be 0..{fc.GPUS_WITH_COUNTERS - 1} for counters, got {subject}")
+    path, fmt = fc.counter_path(desc, host, kind, subject, counter)
+    if not Path(fc.tree_root(desc, host)).is_dir():
+        raise InjectError(f"host {host} of fabric {name!r} has no counter tree ({fc.tree_root(desc, host)}): "
+                          "bring the fabric up again with this linkpass")
+    try:
+        start = fc.read_count(path, fmt)
+    except (OSError, ValueError) as e:
+        raise InjectError(f"cannot read {path}: {e}") from None
+    t0 = time.monotonic_ns()
+    value = start
+    try:
+        if add is not None:
+            value = start + add
+            fc.write_count(path, fmt, value)
+        else:
+            step_s = 0.1
+            n = max(1, round(duration_s / step_s))
+            for k in range(1, n + 1):
+                if stop is not None and stop():
+                    break
+                value = start + round(rate * step_s * k)
+                fc.write_count(path, fmt, value)
+                time.sleep(max(0.0, t0 / 1e9 + step_s * k - time.monotonic()))
+    except OSError as e:
+        raise InjectError(f"cannot write {path}: {e.strerror or e}") from None
+    return {"host": host, "kind": kind, "subject": subject, "counter": counter, "path": str(path), "from": start,
+            "to": value, "t_issued_ns": t0, "t_done_ns": time.monotonic_ns()}
+
+
 def describe(r: dict) -> str:
-    """The human line for a result of :func:`inject_device_fault`."""
+    """The human line for a result of :func:`inject_device_fault` or :func:`inject_counters`."""
+    if "counter" in r:
+        return (f"raised {r['counter']} of host {r['host']} {r['kind']} {r['subject']} from {r['from']} to {r['to']} "
+                f"in {(r['t_done_ns'] - r['t_issued_ns']) / 1e9:.1f} s ({r['path']}); its daemon polls it "
+                "(`linkpass status` shows AT RISK once a rule is breached)")
     return (f"injected Xid {r['xid']} on host {r['host']} GPU {r['gpu']} ({r['pci']}): appended to {r['kmsg']}, "
             "which that host's daemon follows (`linkpass status` counts its device incidents)")
 
@@ -121,12 +193,63 @@ def _parser():
     return p
 
 
+def _counters_parser():
+    import argparse
+
+    p = argparse.ArgumentParser(prog="linkpass inject counters", add_help=False,
+                                description="Raise an error counter of host I's rail R or GPU G in its emulated sysfs "
+                                "tree (the daemon polls it: [risk] sysfs_root); a rate past a rule's threshold puts "
+                                "the rail (drained) or GPU (rank moved to a spare) at risk.")
+
+    def error(message):
+        raise InjectError(message)
+
+    p.error = error
+    p.add_argument("-h", "--help", action="store_true", help="show this help and exit")
+    p.add_argument("--host", metavar="I", help="emulated host index (0-based)")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--rail", metavar="R", help="rail id")
+    g.add_argument("--gpu", metavar="G", help="emulated GPU index")
+    p.add_argument("--counter", help="counter name (default port_rcv_errors for a rail, aer_correctable for a GPU)")
+    p.add_argument("--add", metavar="N", help="add N at once (instead of --rate/--for)")
+    p.add_argument("--rate", default="100", metavar="PER_S", help="increase per second (default 100)")
+    p.add_argument("--for", dest="duration", default="10", metavar="S", help="seconds to keep climbing (default 10)")
+    p.add_argument("--name", default="lp", help="fabric name (default lp)")
+    p.add_argument("--json", action="store_true", help="print one JSON line instead of the human line")
+    return p
+
+
+def _cmd_counters(rest) -> int:
+    p = _counters_parser()
+    o = p.parse_args(rest)
+    if o.help:
+        print(p.format_help(), end="")
+        return 0
+    host = _int("host", o.host, 0, 15)
+    if o.rail is None and o.gpu is None:
+        raise InjectError("say what climbs: --rail R or --gpu G")
+    kind, subject = ("rail", _int("rail", o.rail, 0, 63)) if o.rail is not None else ("gpu", _int("gpu", o.gpu, 0, MAX_GPUS - 1))
+    add = _int("add", o.add, 1, 2**31) if o.add is not None else None
+    try:
+        rate, duration = float(o.rate), float(o.duration)
+    except ValueError:
+        raise InjectError(f"--rate and --for must be numbers, got {o.rate!r} and {o.duration!r}") from None
+    if not (0 < rate <= 1e7 and 0 < duration <= 3600):
+        raise InjectError(f"--rate must be in (0, 1e7] and --for in (0, 3600] s, got {rate:g} and {duration:g}")
+    r = inject_counters(o.name or "lp", host, kind, subject, o.counter, add, rate, duration)
+    print(json.dumps(r) if o.json else describe(r))
+    return 0
+
+
 def cmd_inject(args) -> int:
     try:
         if args.kind is None:
-            raise InjectError("say which fault: linkpass inject device-fault --host I --gpu G [--xid 79] [--name NAME]")
+            raise InjectError("say which fault: linkpass inject device-fault --host I --gpu G [--xid 79] [--name NAME], "
+                              "or linkpass inject counters --host I --rail R")
+        if args.kind == "counters":
+            return _cmd_counters(args.rest)
         if args.kind != "device-fault":
-            raise InjectError(f"unknown fault kind {args.kind!r} (known: device-fault)")
+            raise InjectError(f"unknown fault kind {args.kind!r} (known: device-fault, counters)")
         p = _parser()
         o = p.parse_args(args.rest)
         if o.help:
@@ -146,9 +269,12 @@ def cmd_inject(args) -> int:
 def register(sub) -> None:
     import argparse
 
-    p = sub.add_parser("inject", help="inject a device fault on the emulated fabric (kernel-log Xid line)",
+    p = sub.add_parser("inject", help="inject a device fault (kernel-log Xid line) or climbing error counters on the "
+                       "emulated fabric",
                        description="linkpass inject device-fault --host I --gpu G [--xid 79] [--name NAME] [--json]: "
-                       "append an NVRM Xid record for emulated GPU G (PCI 0000:<0x18+G>:00.0) to host I's kernel log")
-    p.add_argument("kind", nargs="?", help="device-fault (`linkpass inject device-fault --help` for its options)")
+                       "append an NVRM Xid record for emulated GPU G (PCI 0000:<0x18+G>:00.0) to host I's kernel log; "
+                       "linkpass inject counters --host I --rail R | --gpu G [--counter C] [--rate N --for S | --add N]: "
+                       "make a rail's or GPU's error counters climb")
+    p.add_argument("kind", nargs="?", help="device-fault or counters (`linkpass inject KIND --help` for its options)")
     p.add_argument("rest", nargs=argparse.REMAINDER, help="--host I --gpu G [--xid 79] [--name NAME] [--json]")
     p.set_defaults(func=cmd_inject)

@@ -78,8 +78,11 @@ def _build(desc: dict) -> None:
     fab = desc["fabric_netns"]
     os.makedirs(desc["state_dir"], mode=0o755, exist_ok=True)
     _write_notice_key(desc["notice_key_file"])
-    for i in range(len(desc["hosts"])):  # each emulated host's kernel log (see _host_config)
+    from linkpass.lab.fabric import counters
+
+    for i in range(len(desc["hosts"])):  # each emulated host's kernel log and counters (see _host_config)
         open(os.path.join(desc["state_dir"], f"h{i}.kmsg"), "a").close()
+        counters.build(desc, i)
     _create_netns(desc["netns"])
     # Defaults first, so every interface created afterwards inherits them.
     write_sysctls(fab, _no_ipv6())
