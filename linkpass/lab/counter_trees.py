@@ -117,16 +117,20 @@ def build_host(root: str | Path, host: dict) -> None:
             (hw / "temp2_label").write_text("module0\n")
 
 
-def _put(path: Path, v: Any, text_of) -> None:
+def _put(path: Path, v: Any, text_of, written: dict | None) -> None:
     if v == "missing":
         if path.exists():
             path.unlink()
+        if written is not None:
+            written.pop(path, None)
         return
+    text = v[len("garbage:"):] if isinstance(v, str) and v.startswith("garbage:") else text_of(v)
+    if written is not None and written.get(path) == text and path.exists():
+        return  # unchanged since the last step: leave the file alone
     path.parent.mkdir(parents=True, exist_ok=True)
-    if isinstance(v, str) and v.startswith("garbage:"):
-        path.write_text(v[len("garbage:"):])
-        return
-    path.write_text(text_of(v))
+    path.write_text(text)
+    if written is not None:
+        written[path] = text
 
 
 def _aer_text(fname: str, total: Any) -> str:
@@ -137,9 +141,13 @@ def _aer_text(fname: str, total: Any) -> str:
     return "".join(f"{n} {t if n == where else 0}\n" for n in names) + f"{total_key} {t}\n"
 
 
-def write_step(root: str | Path, host: dict, seq: dict, step: int) -> None:
-    """Write every value of ``seq`` at ``step`` (build the host first)."""
+def write_step(root: str | Path, host: dict, seq: dict, step: int, written: dict | None = None) -> None:
+    """Write every value of ``seq`` at ``step`` (build the host first).  ``written``: a dict
+    kept between the steps of one tree (files whose text did not change are not rewritten)."""
     root = Path(root)
+    if written is None:
+        written = {}
+    put = lambda path, v, text_of: _put(path, v, text_of, written)  # noqa: E731
     ser = seq.get("series", {})
     vanish = seq.get("vanish", {})
 
@@ -163,25 +171,25 @@ def write_step(root: str | Path, host: dict, seq: dict, step: int) -> None:
                 continue
             d.mkdir(parents=True, exist_ok=True)
             for counter, fname in AER_COUNTER.items():
-                _put(d / fname, v(kind, subj, counter), lambda x, f=fname: _aer_text(f, x))
-                _put(d.parent / fname, v(kind, subj, "port_" + counter), lambda x, f=fname: _aer_text(f, x))
+                put(d / fname, v(kind, subj, counter), lambda x, f=fname: _aer_text(f, x))
+                put(d.parent / fname, v(kind, subj, "port_" + counter), lambda x, f=fname: _aer_text(f, x))
             if kind != "rail":
                 continue
             if dev.get("hca"):
                 pd = root / "sys/class/infiniband" / dev["hca"] / "ports" / str(dev["port"])
                 for c in IB_COUNTERS:
-                    _put(pd / "counters" / c, v(kind, subj, c), lambda x: f"{int(x)}\n")
+                    put(pd / "counters" / c, v(kind, subj, c), lambda x: f"{int(x)}\n")
                 for c in IB_HW_COUNTERS:
-                    _put(pd / "hw_counters" / c, v(kind, subj, c), lambda x: f"{int(x)}\n")
-                _put(pd / "state", v(kind, subj, "state", "4: ACTIVE"), lambda x: f"{x}\n")
+                    put(pd / "hw_counters" / c, v(kind, subj, c), lambda x: f"{int(x)}\n")
+                put(pd / "state", v(kind, subj, "state", "4: ACTIVE"), lambda x: f"{x}\n")
             nd = root / "sys/class/net" / dev["netdev"] / "statistics"
             for c in NETDEV_COUNTERS:
-                _put(nd / c, v(kind, subj, c), lambda x: f"{int(x)}\n")
+                put(nd / c, v(kind, subj, c), lambda x: f"{int(x)}\n")
             hw = d / "hwmon" / "hwmon0"
             if hw.is_dir():
-                _put(hw / "temp1_input", 55000, lambda x: f"{int(x)}\n")
-                _put(hw / "temp2_input", v(kind, subj, "module_temp_c", 48) * 1000, lambda x: f"{int(x)}\n")
-                _put(hw / "temp2_crit", v(kind, subj, "module_temp_crit_c", 75) * 1000, lambda x: f"{int(x)}\n")
+                put(hw / "temp1_input", 55000, lambda x: f"{int(x)}\n")
+                put(hw / "temp2_input", v(kind, subj, "module_temp_c", 48) * 1000, lambda x: f"{int(x)}\n")
+                put(hw / "temp2_crit", v(kind, subj, "module_temp_crit_c", 75) * 1000, lambda x: f"{int(x)}\n")
 
 
 def nvml_steps(seq: dict, host: dict) -> dict[int, list[dict]]:

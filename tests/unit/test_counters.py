@@ -188,10 +188,11 @@ def run_sequence(tmp_path, name):
     p = CounterPoller(ct.rail_sources(HOST), ct.gpu_sources(HOST), root=tmp_path, nvml=nv, clock=lambda: clock[0])
     tr = RiskTracker()
     verdicts, problems = [], []
+    written: dict = {}
     try:
         for n in range(seq["steps"]):
             clock[0] = int(n * seq["interval_s"] * S)
-            ct.write_step(tmp_path, HOST, seq, n)
+            ct.write_step(tmp_path, HOST, seq, n, written)
             nv.n = n
             samples, probs = p.poll()
             v, pr = tr.observe([*samples, *probs], clock[0])
