@@ -30,7 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from linkpass.adapters.counters import CounterPoller, GpuSource, NvmlCounters  # noqa: E402
+from linkpass.adapters.counters import CounterPoller, NvmlCounters  # noqa: E402
 from linkpass.adapters.counters_fake import FakeNvml  # noqa: E402
 from linkpass.core.risk import RiskTracker, log_timeline  # noqa: E402
 from linkpass.lab import counter_trees as ct  # noqa: E402

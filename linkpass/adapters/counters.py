@@ -19,11 +19,15 @@ Sources (paths under ``root``):
   ``realpath(sys/bus/pci/devices/<bdf>)`` that are named like bus ids) are summed into one
   sample: a root port logs the errors of the link below it.
 - optics temperature, ``sys/class/net/<netdev>/device/hwmon/hwmon*/temp<i>_{input,crit,label}``
-  (Documentation/hwmon/sysfs-interface.rst: millidegrees Celsius; mlx5 since Linux 6.5,
-  ``drivers/net/ethernet/mellanox/mlx5/core/hwmon.c``: ``temp_input`` = MTMP temperature,
-  ``temp_crit`` = MTMP ``temp_threshold_hi``, one channel per sensor, the module's among them).
-  The channel whose label names a module is ``module_temp_c`` (its crit
-  ``module_temp_crit_c``); no such channel: no sample.
+  (Documentation/hwmon/sysfs-interface.rst: millidegrees Celsius).  mlx5 (Linux 6.5+,
+  ``drivers/net/ethernet/mellanox/mlx5/core/hwmon.c``) registers one channel per ASIC/platform
+  sensor and, when the module reports a temperature, one more for the module, whose MTMP
+  sensor index is ``to_mtmp_module_sensor_idx(module) = 64 + module``; ``temp_input`` is the
+  MTMP temperature, ``temp_crit`` its ``temp_threshold_hi``, ``temp_label`` the firmware's
+  sensor name or, when the firmware gives none, ``"sensor%u"`` of the index.  So the module's
+  channel is the one labelled ``sensor<N>`` with N >= 64, or one whose firmware name says
+  "module"; it gives ``module_temp_c`` and ``module_temp_crit_c``.  No such channel: no sample
+  (a firmware name that does not say what it is, is not guessed at).
 - NVML (nvidia-ml-py, the ``nvml`` extra of pyproject.toml), per GPU index:
   ``nvmlDeviceGetTotalEccErrors(h, NVML_MEMORY_ERROR_TYPE_CORRECTED/UNCORRECTED,
   NVML_VOLATILE_ECC)``, ``nvmlDeviceGetRemappedRows(h)`` -> (corrected rows, uncorrected rows,
@@ -71,6 +75,9 @@ AER_FILES = (("aer_dev_correctable", "TOTAL_ERR_COR", "aer_correctable"),
              ("aer_dev_nonfatal", "TOTAL_ERR_NONFATAL", "aer_nonfatal"),
              ("aer_dev_fatal", "TOTAL_ERR_FATAL", "aer_fatal"))
 _BDF = re.compile(r"^[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
+_SENSOR = re.compile(r"sensor(\d+)")
+#: mlx5 hwmon.c to_mtmp_module_sensor_idx: module 0 is MTMP sensor 64
+MODULE_SENSOR_BASE = 64
 #: the most bytes read from one file: a counter is a line, an AER file a few hundred bytes
 MAX_READ = 8192
 
@@ -114,6 +121,20 @@ def parse_counter(text: str, where: str) -> int:
     if not t.isdigit() or not t.isascii():
         raise ReadError("garbage", f"{where}: {t[:40]!r} is not an unsigned decimal counter")
     return int(t)
+
+
+def parse_millidegrees(text: str, where: str) -> float:
+    """A hwmon ``temp*_input`` / ``temp*_crit`` (signed millidegrees Celsius,
+    Documentation/hwmon/sysfs-interface.rst) -> °C.
+
+    Raises:
+        ReadError: ``garbage`` naming ``where``.
+    """
+    t = text.strip()
+    digits = t[1:] if t.startswith("-") else t
+    if not digits or not digits.isdigit() or not digits.isascii():
+        raise ReadError("garbage", f"{where}: {t[:40]!r} is not a temperature in millidegrees")
+    return int(t) / 1000.0
 
 
 def parse_aer(text: str, total_key: str, where: str) -> tuple[int, dict[str, int]]:
@@ -370,18 +391,19 @@ class CounterPoller:
             for hw in sorted(d.iterdir()):
                 for lab in sorted(hw.glob("temp*_label")):
                     label = _read(lab, f"{src}/{hw.name}/{lab.name}").strip()
-                    if "module" not in label.lower():
+                    m = _SENSOR.fullmatch(label)
+                    if not ("module" in label.lower() or (m and int(m.group(1)) >= MODULE_SENSOR_BASE)):
                         continue
                     stem = lab.name[: -len("_label")]
                     shown = f"{src}/{hw.name}/{stem}_input"
-                    t = parse_counter(_read(hw / f"{stem}_input", shown), shown)
-                    out.append(CounterSample("rail", r.rail, "module_temp_c", t / 1000.0, self.clock(),
+                    t = parse_millidegrees(_read(hw / f"{stem}_input", shown), shown)
+                    out.append(CounterSample("rail", r.rail, "module_temp_c", t, self.clock(),
                                              f"{src}/{hw.name}/{stem}_input"))
                     crit = hw / f"{stem}_crit"
                     if crit.exists():
                         shown = f"{src}/{hw.name}/{stem}_crit"
-                        c = parse_counter(_read(crit, shown), shown)
-                        out.append(CounterSample("rail", r.rail, "module_temp_crit_c", c / 1000.0, self.clock(),
+                        c = parse_millidegrees(_read(crit, shown), shown)
+                        out.append(CounterSample("rail", r.rail, "module_temp_crit_c", c, self.clock(),
                                                  f"{src}/{hw.name}/{stem}_crit"))
                     return out
             return out

@@ -365,7 +365,8 @@ class RiskTracker:
             if s.kind not in KINDS:
                 continue
             v = s.value
-            if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v < 0:
+            if (not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v)
+                    or (v < 0 and s.counter not in GAUGES)):  # a temperature may be below 0, a count not
                 problems += self._problem(SourceProblem(s.kind, s.subject, s.counter, s.source, "garbage",
                                                         f"{s.source}: {v!r} is not a counter value", s.t_ns))
                 continue

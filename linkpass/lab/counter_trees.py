@@ -113,8 +113,10 @@ def build_host(root: str | Path, host: dict) -> None:
         if r.get("module_temp", True):
             hw = d / "hwmon" / "hwmon0"
             hw.mkdir(parents=True, exist_ok=True)
-            (hw / "temp1_label").write_text("asic\n")
-            (hw / "temp2_label").write_text("module0\n")
+            # mlx5 hwmon.c: the firmware's sensor names, or "sensor%u" of the MTMP index (module 0: 64)
+            (hw / "name").write_text("mlx5\n")
+            (hw / "temp1_label").write_text("sensor0\n")
+            (hw / "temp2_label").write_text("sensor64\n")
 
 
 def _put(path: Path, v: Any, text_of, written: dict | None) -> None:

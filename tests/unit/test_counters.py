@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from linkpass.adapters.counters import (CounterPoller, GpuSource, RailSource, ReadError, parse_aer, parse_counter,
+                                        parse_millidegrees,
                                         upstream_ports)
 from linkpass.adapters.counters_fake import FakeNvml, NVMLError
 from linkpass.core.risk import RiskTracker
@@ -42,6 +43,18 @@ def test_parse_counter_malformed(text):
     with pytest.raises(ReadError) as e:
         parse_counter(text, "/sys/class/infiniband/mlx5_0/ports/1/counters/symbol_error")
     assert e.value.problem == "garbage" and "symbol_error" in e.value.detail
+
+
+@pytest.mark.parametrize("text,value", [("61125\n", 61.125), ("-5000\n", -5.0)])
+def test_parse_millidegrees(text, value):
+    assert parse_millidegrees(text, "/sys/x") == value
+
+
+@pytest.mark.parametrize("text", ["", "-", "61.5\n", "4a\n", "--1\n"])
+def test_parse_millidegrees_malformed(text):
+    with pytest.raises(ReadError) as e:
+        parse_millidegrees(text, "/sys/class/net/x/device/hwmon/hwmon0/temp2_input")
+    assert e.value.problem == "garbage" and "temp2_input" in e.value.detail
 
 
 def test_parse_aer():
@@ -232,3 +245,42 @@ def test_garbage_sequence_reports_each_bad_source_once(tmp_path):
     assert sorted((x.kind, x.subject, x.counter, x.problem) for x in problems) == [
         ("gpu", 0, "aer_correctable", "garbage"), ("rail", 0, "symbol_error", "garbage"),
         ("rail", 1, "port_rcv_errors", "vanished"), ("rail", 2, "carrier_changes", "garbage")]
+
+
+def _hwmon(tmp_path):
+    _tree(tmp_path, "clean")
+    return tmp_path / "sys/devices/pci0000:37/0000:37:01.0/0000:3a:00.0/hwmon/hwmon0"
+
+
+def _rail2(tmp_path):
+    p = CounterPoller([ct.rail_sources(HOST)[2]], [], root=tmp_path, clock=lambda: 1)
+    try:
+        return p.poll()
+    finally:
+        p.close()
+
+
+def test_module_temperature_is_the_mlx5_module_sensor(tmp_path):
+    hw = _hwmon(tmp_path)
+    (hw / "temp2_input").write_text("61125\n")  # MTMP units of 0.125 degC * 125 = millidegrees
+    samples, problems = _rail2(tmp_path)
+    got = {s.counter: s for s in samples}
+    assert problems == []
+    assert got["module_temp_c"].value == 61.125
+    assert got["module_temp_c"].source == "/sys/class/net/ens3np0/device/hwmon/hwmon0/temp2_input"
+    assert got["module_temp_crit_c"].value == 75.0
+
+
+def test_no_module_sensor_means_no_module_sample(tmp_path):
+    hw = _hwmon(tmp_path)
+    (hw / "temp2_label").write_text("sensor1\n")  # an ASIC sensor: the firmware found no module
+    samples, problems = _rail2(tmp_path)
+    assert problems == [] and not [s for s in samples if s.counter.startswith("module_temp")]
+
+
+def test_garbage_module_temperature_is_a_problem(tmp_path):
+    hw = _hwmon(tmp_path)
+    (hw / "temp2_input").write_text("4a\n")
+    samples, problems = _rail2(tmp_path)
+    assert [(x.counter, x.problem) for x in problems] == [("module_temp_c", "garbage")]
+    assert "temp2_input" in problems[0].detail
