@@ -371,6 +371,8 @@ class CounterPoller:
 
         def fn() -> list[CounterSample]:
             total = 0
+            if not (base / bdf / fname).exists() and (base / bdf).exists():
+                return []  # the device is there without AER reporting (no capability, a VM): no counter
             for d in devs:
                 p = base / d / fname
                 if d != bdf and not p.exists():

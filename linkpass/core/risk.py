@@ -303,8 +303,8 @@ class RiskTracker:
 
     Args:
         rules: the rules (default :data:`DEFAULT_RULES`); tried in order.
-        clean_hold_s: seconds a subject at risk must stay clean (its verdict's counter not
-            rising, no rule in breach) before it is declared clean again.
+        clean_hold_s: seconds a subject at risk must stay clean (its verdict's counter read
+            and not rising, no rule in breach) before it is declared clean again.
     """
 
     def __init__(self, rules: Iterable[Rule] = DEFAULT_RULES, *, clean_hold_s: float = 600.0):
@@ -500,7 +500,11 @@ class RiskTracker:
                                      f"{kind} {subject} at risk: {r.counter} {val:.3g} {r.unit} "
                                      f"(threshold {r.threshold_text()}; rule {r.id})")
             return st.verdict
-        if st.at_risk and st.dirty_t is not None and t_ns - st.dirty_t >= int(self.clean_hold_s * 1e9):
+        # clean only on fresh evidence: a subject whose verdict counter was not read in this poll
+        # (its device gone, its source timing out) is not known to be clean
+        seen = st.verdict is not None and (st.verdict.counter in counters or st.verdict.counter in gauges)
+        if (st.at_risk and seen and st.dirty_t is not None
+                and t_ns - st.dirty_t >= int(self.clean_hold_s * 1e9)):
             old = st.verdict
             st.at_risk = False
             st.verdict = None

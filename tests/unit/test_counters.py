@@ -284,3 +284,16 @@ def test_garbage_module_temperature_is_a_problem(tmp_path):
     samples, problems = _rail2(tmp_path)
     assert [(x.counter, x.problem) for x in problems] == [("module_temp_c", "garbage")]
     assert "temp2_input" in problems[0].detail
+
+
+def test_a_device_without_aer_reporting_has_no_aer_counter_and_no_problem(tmp_path):
+    _tree(tmp_path, "clean")
+    d = tmp_path / "sys/devices/pci0000:17/0000:17:02.0/0000:1b:00.0"
+    for f in ("aer_dev_correctable", "aer_dev_nonfatal", "aer_dev_fatal"):
+        (d / f).unlink()
+    p = CounterPoller([], [GpuSource(0, "0000:1b:00.0")], root=tmp_path, clock=lambda: 1)
+    try:
+        samples, problems = p.poll()
+    finally:
+        p.close()
+    assert samples == [] and problems == []
