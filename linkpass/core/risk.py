@@ -17,11 +17,13 @@ Counters come in two shapes:
   (:data:`COUNTER_WIDTHS`): the IBTA PortCounters error counters that the kernel reads by
   PMA MAD (``drivers/infiniband/core/sysfs.c``, ``PORT_PMA_ATTR(name, counter, width,
   offset)``: symbol_error 16 bit, link_error_recovery 8, link_downed 8, port_rcv_errors 16,
-  local_link_integrity_errors 4, excessive_buffer_overrun_errors 4, ...) *saturate*: IBTA
-  vol. 1, 16.1.3.5 PortCounters, "the counter shall stop at all ones"; so they never wrap, and
-  one pinned at all ones (``saturated``) says nothing more about the rate.  mlx5
-  ``hw_counters`` are printed as u64 (``print_hw_stat``) but are the device's 32-bit Q
-  counters, which do wrap at 2^32.  netdev statistics are ``rtnl_link_stats64`` (64 bit),
+  local_link_integrity_errors 4, excessive_buffer_overrun_errors 4, ...) *saturate*: the IBTA
+  specification's PortCounters attribute (vol. 1, Performance Management) makes its error
+  counters stop at all ones instead of wrapping; so they never wrap, and one pinned at all ones
+  (``saturated``) says nothing more about the rate.  mlx5 ``hw_counters`` are printed as u64
+  (``print_hw_stat``) but hold the device's 32-bit Q counters
+  (``drivers/infiniband/hw/mlx5/counters.c``, ``mlx5_ib_query_q_counters``:
+  ``stats->value[i] = (u64)be32_to_cpu(val)``), which wrap at 2^32.  netdev statistics are ``rtnl_link_stats64`` (64 bit),
   PCIe AER and NVML counts are 64-bit: for those a step back is a reset.
 - **gauges** (temperatures, flags such as row-remap-pending): judged by a threshold, never a
   rate.  A gauge's threshold may itself be a reading (``module_temp_crit_c``: the mlx5 hwmon
