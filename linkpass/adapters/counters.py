@@ -17,7 +17,9 @@ Sources (paths under ``root``):
   error bit, then ``TOTAL_ERR_COR <n>`` / ``TOTAL_ERR_NONFATAL <n>`` / ``TOTAL_ERR_FATAL <n>``.
   The device's totals and those of every PCIe port above it (the directories above
   ``realpath(sys/bus/pci/devices/<bdf>)`` that are named like bus ids) are summed into one
-  sample: a root port logs the errors of the link below it.
+  sample: a root port logs the errors of the link below it.  ``aer_correctable_dll`` sums the
+  correctable lines of the Data Link Layer retry errors (:data:`linkpass.core.risk.DLL_RETRY_NAMES`:
+  ``BadTLP``, ``BadDLLP``, ``Rollover``, ``Timeout``) the same way.
 - optics temperature, ``sys/class/net/<netdev>/device/hwmon/hwmon*/temp<i>_{input,crit,label}``
   (Documentation/hwmon/sysfs-interface.rst: millidegrees Celsius).  mlx5 (Linux 6.5+,
   ``drivers/net/ethernet/mellanox/mlx5/core/hwmon.c``) registers one channel per ASIC/platform
@@ -62,7 +64,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from linkpass.core.risk import COUNTER_WIDTHS, CounterSample, SourceProblem
+from linkpass.core.risk import COUNTER_WIDTHS, DLL_RETRY_NAMES, CounterSample, SourceProblem
 
 #: the RDMA port counters read (rules' counters and the rest of the IBTA PortCounters errors)
 IB_COUNTERS = ("symbol_error", "link_error_recovery", "link_downed", "port_rcv_errors",
@@ -373,13 +375,19 @@ class CounterPoller:
             total = 0
             if not (base / bdf / fname).exists() and (base / bdf).exists():
                 return []  # the device is there without AER reporting (no capability, a VM): no counter
+            dll = 0
             for d in devs:
                 p = base / d / fname
                 if d != bdf and not p.exists():
                     continue  # a port without AER capability (or a host bridge) has no file
                 shown = f"/sys/bus/pci/devices/{d}/{fname}"
-                total += parse_aer(_read(p, shown), total_key, shown)[0]
-            return [CounterSample(kind, subject, counter, float(total), self.clock(), src)]
+                t, per = parse_aer(_read(p, shown), total_key, shown)
+                total += t
+                dll += sum(n for name, n in per.items() if name in DLL_RETRY_NAMES)
+            out = [CounterSample(kind, subject, counter, float(total), self.clock(), src)]
+            if fname == "aer_dev_correctable":
+                out.append(CounterSample(kind, subject, "aer_correctable_dll", float(dll), self.clock(), src))
+            return out
         return _Read(f"{bdf}:{fname}", fn, kind, subject, counter, src)
 
     def _hwmon_read(self, r: RailSource) -> _Read:
@@ -512,7 +520,7 @@ def load_nvml() -> Any | None:
 
 def all_counter_names() -> Iterable[str]:
     """Every counter name a poll can produce (documentation and tests)."""
-    return (*IB_COUNTERS, *IB_HW_COUNTERS, *NETDEV_COUNTERS, *(c for _, _, c in AER_FILES), "module_temp_c",
+    return (*IB_COUNTERS, *IB_HW_COUNTERS, *NETDEV_COUNTERS, *(c for _, _, c in AER_FILES), "aer_correctable_dll", "module_temp_c",
             "module_temp_crit_c", "ecc_volatile_corrected", "ecc_volatile_uncorrected", "row_remap_pending",
             "row_remap_failure", "retired_pages_pending", "nvlink_crc_flit", "nvlink_replay", "nvlink_recovery",
             "pcie_replay", "gpu_temp_c", "gpu_temp_slowdown_c", *COUNTER_WIDTHS)

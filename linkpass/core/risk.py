@@ -50,6 +50,8 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from linkpass.core.evidence.pcie import CORRECTABLE_ERRORS
+
 KINDS = ("rail", "gpu")
 PROBLEMS = ("reset", "wrap", "saturated", "vanished", "garbage", "timeout", "unreadable")
 
@@ -266,6 +268,9 @@ DEFAULT_RULES: tuple[Rule, ...] = (
     Rule("gpu.aer_log.dll_corrected", "gpu", "aer_log_corrected_dll", "count", 0.0, 600.0, "per 600 s",
          AER_C + " (aer_error_layer: Data Link Layer bits 6-8, 12) and PCIe Base Spec 3.6.2 (replay); "
          "case https://github.com/wilicc/gpu-burn/issues/1", min_polls=1),
+    Rule("gpu.aer_dll_corrected.any", "gpu", "aer_correctable_dll", "count", 0.0, 600.0, "per 600 s",
+         AER_C + " (aer_dev_correctable: BadTLP, BadDLLP, Rollover, Timeout lines of the GPU and the ports above "
+         "it); the same evidence as gpu.aer_log.dll_corrected", min_polls=1),
     Rule("gpu.aer_log.corrected_burst", "gpu", "aer_log_corrected", "count", 9.0, 60.0, "per 60 s",
          AER_C + ": aer_ratelimit (10 per 5 s); linkpass.core.evidence.pcie BURST_COUNT in BURST_WINDOW_S",
          min_polls=1),
@@ -539,9 +544,13 @@ class RiskTracker:
 DLL_RETRY_BITS = (6, 7, 8, 12)
 
 
+#: their names as aer.c prints them (both eras: "Replay Timer Timeout" / "Timeout", ...), for
+#: kernel-log summaries and the aer_dev_correctable lines
+DLL_RETRY_NAMES: tuple[str, ...] = tuple(n for b in DLL_RETRY_BITS for n in CORRECTABLE_ERRORS[b])
+
+
 def _dll_names() -> tuple[str, ...]:
-    from linkpass.core.evidence.pcie import CORRECTABLE_ERRORS
-    return tuple(n for b in DLL_RETRY_BITS for n in CORRECTABLE_ERRORS[b])
+    return DLL_RETRY_NAMES
 
 
 class AerLogCounter:

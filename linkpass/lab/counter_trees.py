@@ -20,8 +20,10 @@ A value may be a string: ``"garbage:<text>"`` writes that text, ``"missing"`` re
 ``"truncated"`` (AER files) cuts the TOTAL line.  ``"vanish": {"rail:0": step}`` removes the
 rail's (or GPU's) whole device directory from that step on (``[from, to]``: for those steps, a
 driver reload).  Counters not named read 0.
-Counter names are those of :mod:`linkpass.adapters.counters` (``aer_correctable`` is the
-endpoint's TOTAL_ERR_COR, ``port_aer_correctable`` its root port's; ``state`` the IB port state).
+Counter names are those of :mod:`linkpass.adapters.counters` (``aer_correctable``: the
+endpoint's correctable errors, written as RxErr; ``aer_correctable_dll``: its Replay Timer
+Timeouts; ``port_aer_correctable`` / ``port_aer_correctable_dll``: the same at its root port;
+``state`` the IB port state).
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from linkpass.adapters.counters import IB_COUNTERS, IB_HW_COUNTERS, NETDEV_COUNT
 
 AER_NAMES = {
     "aer_dev_correctable": (("RxErr", "BadTLP", "BadDLLP", "Rollover", "Timeout", "NonFatalErr", "CorrIntErr",
-                             "HeaderOF"), "TOTAL_ERR_COR", "Timeout"),
+                             "HeaderOF"), "TOTAL_ERR_COR", "RxErr"),
     "aer_dev_nonfatal": (("Undefined", "DLP", "SDES", "TLP", "FCP", "CmpltTO", "CmpltAbrt", "UnxCmplt", "RxOF",
                           "MalfTLP", "ECRC", "UnsupReq", "ACSViol"), "TOTAL_ERR_NONFATAL", "CmpltTO"),
     "aer_dev_fatal": (("Undefined", "DLP", "SDES", "TLP", "FCP", "CmpltTO"), "TOTAL_ERR_FATAL", "SDES"),
@@ -135,12 +137,15 @@ def _put(path: Path, v: Any, text_of, written: dict | None) -> None:
         written[path] = text
 
 
-def _aer_text(fname: str, total: Any) -> str:
+def _aer_text(fname: str, total: Any, dll: Any = 0) -> str:
+    """``total`` errors on the file's default line (RxErr, CmpltTO, SDES), plus ``dll``
+    Replay Timer Timeouts (correctable only), and the TOTAL line."""
     names, total_key, where = AER_NAMES[fname]
     if total == "truncated":
         return "".join(f"{n} 0\n" for n in names[:3])
-    t = int(total)
-    return "".join(f"{n} {t if n == where else 0}\n" for n in names) + f"{total_key} {t}\n"
+    t, r = int(total), int(dll)
+    lines = "".join(f"{n} {t if n == where else r if n == 'Timeout' else 0}\n" for n in names)
+    return lines + f"{total_key} {t + r}\n"
 
 
 def write_step(root: str | Path, host: dict, seq: dict, step: int, written: dict | None = None) -> None:
@@ -173,8 +178,10 @@ def write_step(root: str | Path, host: dict, seq: dict, step: int, written: dict
                 continue
             d.mkdir(parents=True, exist_ok=True)
             for counter, fname in AER_COUNTER.items():
-                put(d / fname, v(kind, subj, counter), lambda x, f=fname: _aer_text(f, x))
-                put(d.parent / fname, v(kind, subj, "port_" + counter), lambda x, f=fname: _aer_text(f, x))
+                dll = v(kind, subj, "aer_correctable_dll") if counter == "aer_correctable" else 0
+                pdll = v(kind, subj, "port_aer_correctable_dll") if counter == "aer_correctable" else 0
+                put(d / fname, v(kind, subj, counter), lambda x, f=fname, r=dll: _aer_text(f, x, r))
+                put(d.parent / fname, v(kind, subj, "port_" + counter), lambda x, f=fname, r=pdll: _aer_text(f, x, r))
             if kind != "rail":
                 continue
             if dev.get("hca"):

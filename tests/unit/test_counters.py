@@ -104,6 +104,7 @@ def test_poll_reads_every_source_of_a_captured_tree(tmp_path):
     # AER: the endpoint's total plus its root port's
     assert got[("gpu", 1, "aer_correctable")].value == 1
     assert got[("gpu", 1, "aer_correctable")].source == "/sys/bus/pci/devices/{0000:2b:00.0,0000:27:02.0}/aer_dev_correctable"
+    assert got[("gpu", 1, "aer_correctable_dll")].value == 0
     assert got[("gpu", 0, "ecc_volatile_corrected")].value == 4
     assert got[("gpu", 2, "nvlink_crc_flit")].value == 10
     assert got[("gpu", 0, "gpu_temp_slowdown_c")].value == 87
@@ -297,3 +298,18 @@ def test_a_device_without_aer_reporting_has_no_aer_counter_and_no_problem(tmp_pa
     finally:
         p.close()
     assert samples == [] and problems == []
+
+
+def test_aer_dll_lines_are_counted_at_the_device_and_its_ports(tmp_path):
+    _tree(tmp_path, "clean")
+    base = tmp_path / "sys/devices/pci0000:17/0000:17:02.0"
+    (base / "aer_dev_correctable").write_text(AER_COR)                  # BadTLP 1 + Timeout 3, total 4
+    (base / "0000:1b:00.0" / "aer_dev_correctable").write_text(AER_COR.replace("RxErr 0", "RxErr 2")
+                                                                .replace("TOTAL_ERR_COR 4", "TOTAL_ERR_COR 6"))
+    p = CounterPoller([], [GpuSource(0, "0000:1b:00.0")], root=tmp_path, clock=lambda: 1)
+    try:
+        samples, problems = p.poll()
+    finally:
+        p.close()
+    got = {s.counter: s.value for s in samples}
+    assert problems == [] and got["aer_correctable"] == 10 and got["aer_correctable_dll"] == 8
