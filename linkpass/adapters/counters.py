@@ -17,13 +17,19 @@ Sources (paths under ``root``):
   error bit, then ``TOTAL_ERR_COR <n>`` / ``TOTAL_ERR_NONFATAL <n>`` / ``TOTAL_ERR_FATAL <n>``.
   The device's totals and those of every PCIe port above it (the directories above
   ``realpath(sys/bus/pci/devices/<bdf>)`` that are named like bus ids) are summed into one
-  sample: a root port logs the errors of the link below it.
+  sample: a root port logs the errors of the link below it.  ``aer_correctable_dll`` sums the
+  correctable lines of the Data Link Layer retry errors (:data:`linkpass.core.risk.DLL_RETRY_NAMES`:
+  ``BadTLP``, ``BadDLLP``, ``Rollover``, ``Timeout``) the same way.
 - optics temperature, ``sys/class/net/<netdev>/device/hwmon/hwmon*/temp<i>_{input,crit,label}``
-  (Documentation/hwmon/sysfs-interface.rst: millidegrees Celsius; mlx5 since Linux 6.5,
-  ``drivers/net/ethernet/mellanox/mlx5/core/hwmon.c``: ``temp_input`` = MTMP temperature,
-  ``temp_crit`` = MTMP ``temp_threshold_hi``, one channel per sensor, the module's among them).
-  The channel whose label names a module is ``module_temp_c`` (its crit
-  ``module_temp_crit_c``); no such channel: no sample.
+  (Documentation/hwmon/sysfs-interface.rst: millidegrees Celsius).  mlx5 (Linux 6.5+,
+  ``drivers/net/ethernet/mellanox/mlx5/core/hwmon.c``) registers one channel per ASIC/platform
+  sensor and, when the module reports a temperature, one more for the module, whose MTMP
+  sensor index is ``to_mtmp_module_sensor_idx(module) = 64 + module``; ``temp_input`` is the
+  MTMP temperature, ``temp_crit`` its ``temp_threshold_hi``, ``temp_label`` the firmware's
+  sensor name or, when the firmware gives none, ``"sensor%u"`` of the index.  So the module's
+  channel is the one labelled ``sensor<N>`` with N >= 64, or one whose firmware name says
+  "module"; it gives ``module_temp_c`` and ``module_temp_crit_c``.  No such channel: no sample
+  (a firmware name that does not say what it is, is not guessed at).
 - NVML (nvidia-ml-py, the ``nvml`` extra of pyproject.toml), per GPU index:
   ``nvmlDeviceGetTotalEccErrors(h, NVML_MEMORY_ERROR_TYPE_CORRECTED/UNCORRECTED,
   NVML_VOLATILE_ECC)``, ``nvmlDeviceGetRemappedRows(h)`` -> (corrected rows, uncorrected rows,
@@ -58,7 +64,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from linkpass.core.risk import COUNTER_WIDTHS, CounterSample, SourceProblem
+from linkpass.core.risk import COUNTER_WIDTHS, DLL_RETRY_NAMES, CounterSample, SourceProblem
 
 #: the RDMA port counters read (rules' counters and the rest of the IBTA PortCounters errors)
 IB_COUNTERS = ("symbol_error", "link_error_recovery", "link_downed", "port_rcv_errors",
@@ -71,6 +77,9 @@ AER_FILES = (("aer_dev_correctable", "TOTAL_ERR_COR", "aer_correctable"),
              ("aer_dev_nonfatal", "TOTAL_ERR_NONFATAL", "aer_nonfatal"),
              ("aer_dev_fatal", "TOTAL_ERR_FATAL", "aer_fatal"))
 _BDF = re.compile(r"^[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
+_SENSOR = re.compile(r"sensor(\d+)")
+#: mlx5 hwmon.c to_mtmp_module_sensor_idx: module 0 is MTMP sensor 64
+MODULE_SENSOR_BASE = 64
 #: the most bytes read from one file: a counter is a line, an AER file a few hundred bytes
 MAX_READ = 8192
 
@@ -114,6 +123,20 @@ def parse_counter(text: str, where: str) -> int:
     if not t.isdigit() or not t.isascii():
         raise ReadError("garbage", f"{where}: {t[:40]!r} is not an unsigned decimal counter")
     return int(t)
+
+
+def parse_millidegrees(text: str, where: str) -> float:
+    """A hwmon ``temp*_input`` / ``temp*_crit`` (signed millidegrees Celsius,
+    Documentation/hwmon/sysfs-interface.rst) -> °C.
+
+    Raises:
+        ReadError: ``garbage`` naming ``where``.
+    """
+    t = text.strip()
+    digits = t[1:] if t.startswith("-") else t
+    if not digits or not digits.isdigit() or not digits.isascii():
+        raise ReadError("garbage", f"{where}: {t[:40]!r} is not a temperature in millidegrees")
+    return int(t) / 1000.0
 
 
 def parse_aer(text: str, total_key: str, where: str) -> tuple[int, dict[str, int]]:
@@ -350,13 +373,21 @@ class CounterPoller:
 
         def fn() -> list[CounterSample]:
             total = 0
+            if not (base / bdf / fname).exists() and (base / bdf).exists():
+                return []  # the device is there without AER reporting (no capability, a VM): no counter
+            dll = 0
             for d in devs:
                 p = base / d / fname
                 if d != bdf and not p.exists():
                     continue  # a port without AER capability (or a host bridge) has no file
                 shown = f"/sys/bus/pci/devices/{d}/{fname}"
-                total += parse_aer(_read(p, shown), total_key, shown)[0]
-            return [CounterSample(kind, subject, counter, float(total), self.clock(), src)]
+                t, per = parse_aer(_read(p, shown), total_key, shown)
+                total += t
+                dll += sum(n for name, n in per.items() if name in DLL_RETRY_NAMES)
+            out = [CounterSample(kind, subject, counter, float(total), self.clock(), src)]
+            if fname == "aer_dev_correctable":
+                out.append(CounterSample(kind, subject, "aer_correctable_dll", float(dll), self.clock(), src))
+            return out
         return _Read(f"{bdf}:{fname}", fn, kind, subject, counter, src)
 
     def _hwmon_read(self, r: RailSource) -> _Read:
@@ -370,18 +401,19 @@ class CounterPoller:
             for hw in sorted(d.iterdir()):
                 for lab in sorted(hw.glob("temp*_label")):
                     label = _read(lab, f"{src}/{hw.name}/{lab.name}").strip()
-                    if "module" not in label.lower():
+                    m = _SENSOR.fullmatch(label)
+                    if not ("module" in label.lower() or (m and int(m.group(1)) >= MODULE_SENSOR_BASE)):
                         continue
                     stem = lab.name[: -len("_label")]
                     shown = f"{src}/{hw.name}/{stem}_input"
-                    t = parse_counter(_read(hw / f"{stem}_input", shown), shown)
-                    out.append(CounterSample("rail", r.rail, "module_temp_c", t / 1000.0, self.clock(),
+                    t = parse_millidegrees(_read(hw / f"{stem}_input", shown), shown)
+                    out.append(CounterSample("rail", r.rail, "module_temp_c", t, self.clock(),
                                              f"{src}/{hw.name}/{stem}_input"))
                     crit = hw / f"{stem}_crit"
                     if crit.exists():
                         shown = f"{src}/{hw.name}/{stem}_crit"
-                        c = parse_counter(_read(crit, shown), shown)
-                        out.append(CounterSample("rail", r.rail, "module_temp_crit_c", c / 1000.0, self.clock(),
+                        c = parse_millidegrees(_read(crit, shown), shown)
+                        out.append(CounterSample("rail", r.rail, "module_temp_crit_c", c, self.clock(),
                                                  f"{src}/{hw.name}/{stem}_crit"))
                     return out
             return out
@@ -488,7 +520,7 @@ def load_nvml() -> Any | None:
 
 def all_counter_names() -> Iterable[str]:
     """Every counter name a poll can produce (documentation and tests)."""
-    return (*IB_COUNTERS, *IB_HW_COUNTERS, *NETDEV_COUNTERS, *(c for _, _, c in AER_FILES), "module_temp_c",
+    return (*IB_COUNTERS, *IB_HW_COUNTERS, *NETDEV_COUNTERS, *(c for _, _, c in AER_FILES), "aer_correctable_dll", "module_temp_c",
             "module_temp_crit_c", "ecc_volatile_corrected", "ecc_volatile_uncorrected", "row_remap_pending",
             "row_remap_failure", "retired_pages_pending", "nvlink_crc_flit", "nvlink_replay", "nvlink_recovery",
             "pcie_replay", "gpu_temp_c", "gpu_temp_slowdown_c", *COUNTER_WIDTHS)

@@ -17,11 +17,13 @@ Counters come in two shapes:
   (:data:`COUNTER_WIDTHS`): the IBTA PortCounters error counters that the kernel reads by
   PMA MAD (``drivers/infiniband/core/sysfs.c``, ``PORT_PMA_ATTR(name, counter, width,
   offset)``: symbol_error 16 bit, link_error_recovery 8, link_downed 8, port_rcv_errors 16,
-  local_link_integrity_errors 4, excessive_buffer_overrun_errors 4, ...) *saturate*: IBTA
-  vol. 1, 16.1.3.5 PortCounters, "the counter shall stop at all ones"; so they never wrap, and
-  one pinned at all ones (``saturated``) says nothing more about the rate.  mlx5
-  ``hw_counters`` are printed as u64 (``print_hw_stat``) but are the device's 32-bit Q
-  counters, which do wrap at 2^32.  netdev statistics are ``rtnl_link_stats64`` (64 bit),
+  local_link_integrity_errors 4, excessive_buffer_overrun_errors 4, ...) *saturate*: the IBTA
+  specification's PortCounters attribute (vol. 1, Performance Management) makes its error
+  counters stop at all ones instead of wrapping; so they never wrap, and one pinned at all ones
+  (``saturated``) says nothing more about the rate.  mlx5 ``hw_counters`` are printed as u64
+  (``print_hw_stat``) but hold the device's 32-bit Q counters
+  (``drivers/infiniband/hw/mlx5/counters.c``, ``mlx5_ib_query_q_counters``:
+  ``stats->value[i] = (u64)be32_to_cpu(val)``), which wrap at 2^32.  netdev statistics are ``rtnl_link_stats64`` (64 bit),
   PCIe AER and NVML counts are 64-bit: for those a step back is a reset.
 - **gauges** (temperatures, flags such as row-remap-pending): judged by a threshold, never a
   rate.  A gauge's threshold may itself be a reading (``module_temp_crit_c``: the mlx5 hwmon
@@ -47,6 +49,8 @@ import math
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+
+from linkpass.core.evidence.pcie import CORRECTABLE_ERRORS
 
 KINDS = ("rail", "gpu")
 PROBLEMS = ("reset", "wrap", "saturated", "vanished", "garbage", "timeout", "unreadable")
@@ -264,6 +268,9 @@ DEFAULT_RULES: tuple[Rule, ...] = (
     Rule("gpu.aer_log.dll_corrected", "gpu", "aer_log_corrected_dll", "count", 0.0, 600.0, "per 600 s",
          AER_C + " (aer_error_layer: Data Link Layer bits 6-8, 12) and PCIe Base Spec 3.6.2 (replay); "
          "case https://github.com/wilicc/gpu-burn/issues/1", min_polls=1),
+    Rule("gpu.aer_dll_corrected.any", "gpu", "aer_correctable_dll", "count", 0.0, 600.0, "per 600 s",
+         AER_C + " (aer_dev_correctable: BadTLP, BadDLLP, Rollover, Timeout lines of the GPU and the ports above "
+         "it); the same evidence as gpu.aer_log.dll_corrected", min_polls=1),
     Rule("gpu.aer_log.corrected_burst", "gpu", "aer_log_corrected", "count", 9.0, 60.0, "per 60 s",
          AER_C + ": aer_ratelimit (10 per 5 s); linkpass.core.evidence.pcie BURST_COUNT in BURST_WINDOW_S",
          min_polls=1),
@@ -303,8 +310,8 @@ class RiskTracker:
 
     Args:
         rules: the rules (default :data:`DEFAULT_RULES`); tried in order.
-        clean_hold_s: seconds a subject at risk must stay clean (its verdict's counter not
-            rising, no rule in breach) before it is declared clean again.
+        clean_hold_s: seconds a subject at risk must stay clean (its verdict's counter read
+            and not rising, no rule in breach) before it is declared clean again.
     """
 
     def __init__(self, rules: Iterable[Rule] = DEFAULT_RULES, *, clean_hold_s: float = 600.0):
@@ -365,7 +372,8 @@ class RiskTracker:
             if s.kind not in KINDS:
                 continue
             v = s.value
-            if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v < 0:
+            if (not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v)
+                    or (v < 0 and s.counter not in GAUGES)):  # a temperature may be below 0, a count not
                 problems += self._problem(SourceProblem(s.kind, s.subject, s.counter, s.source, "garbage",
                                                         f"{s.source}: {v!r} is not a counter value", s.t_ns))
                 continue
@@ -499,7 +507,11 @@ class RiskTracker:
                                      f"{kind} {subject} at risk: {r.counter} {val:.3g} {r.unit} "
                                      f"(threshold {r.threshold_text()}; rule {r.id})")
             return st.verdict
-        if st.at_risk and st.dirty_t is not None and t_ns - st.dirty_t >= int(self.clean_hold_s * 1e9):
+        # clean only on fresh evidence: a subject whose verdict counter was not read in this poll
+        # (its device gone, its source timing out) is not known to be clean
+        seen = st.verdict is not None and (st.verdict.counter in counters or st.verdict.counter in gauges)
+        if (st.at_risk and seen and st.dirty_t is not None
+                and t_ns - st.dirty_t >= int(self.clean_hold_s * 1e9)):
             old = st.verdict
             st.at_risk = False
             st.verdict = None
@@ -532,9 +544,13 @@ class RiskTracker:
 DLL_RETRY_BITS = (6, 7, 8, 12)
 
 
+#: their names as aer.c prints them (both eras: "Replay Timer Timeout" / "Timeout", ...), for
+#: kernel-log summaries and the aer_dev_correctable lines
+DLL_RETRY_NAMES: tuple[str, ...] = tuple(n for b in DLL_RETRY_BITS for n in CORRECTABLE_ERRORS[b])
+
+
 def _dll_names() -> tuple[str, ...]:
-    from linkpass.core.evidence.pcie import CORRECTABLE_ERRORS
-    return tuple(n for b in DLL_RETRY_BITS for n in CORRECTABLE_ERRORS[b])
+    return DLL_RETRY_NAMES
 
 
 class AerLogCounter:

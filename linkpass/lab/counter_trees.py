@@ -20,8 +20,10 @@ A value may be a string: ``"garbage:<text>"`` writes that text, ``"missing"`` re
 ``"truncated"`` (AER files) cuts the TOTAL line.  ``"vanish": {"rail:0": step}`` removes the
 rail's (or GPU's) whole device directory from that step on (``[from, to]``: for those steps, a
 driver reload).  Counters not named read 0.
-Counter names are those of :mod:`linkpass.adapters.counters` (``aer_correctable`` is the
-endpoint's TOTAL_ERR_COR, ``port_aer_correctable`` its root port's; ``state`` the IB port state).
+Counter names are those of :mod:`linkpass.adapters.counters` (``aer_correctable``: the
+endpoint's correctable errors, written as RxErr; ``aer_correctable_dll``: its Replay Timer
+Timeouts; ``port_aer_correctable`` / ``port_aer_correctable_dll``: the same at its root port;
+``state`` the IB port state).
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from linkpass.adapters.counters import IB_COUNTERS, IB_HW_COUNTERS, NETDEV_COUNT
 
 AER_NAMES = {
     "aer_dev_correctable": (("RxErr", "BadTLP", "BadDLLP", "Rollover", "Timeout", "NonFatalErr", "CorrIntErr",
-                             "HeaderOF"), "TOTAL_ERR_COR", "Timeout"),
+                             "HeaderOF"), "TOTAL_ERR_COR", "RxErr"),
     "aer_dev_nonfatal": (("Undefined", "DLP", "SDES", "TLP", "FCP", "CmpltTO", "CmpltAbrt", "UnxCmplt", "RxOF",
                           "MalfTLP", "ECRC", "UnsupReq", "ACSViol"), "TOTAL_ERR_NONFATAL", "CmpltTO"),
     "aer_dev_fatal": (("Undefined", "DLP", "SDES", "TLP", "FCP", "CmpltTO"), "TOTAL_ERR_FATAL", "SDES"),
@@ -113,33 +115,46 @@ def build_host(root: str | Path, host: dict) -> None:
         if r.get("module_temp", True):
             hw = d / "hwmon" / "hwmon0"
             hw.mkdir(parents=True, exist_ok=True)
-            (hw / "temp1_label").write_text("asic\n")
-            (hw / "temp2_label").write_text("module0\n")
+            # mlx5 hwmon.c: the firmware's sensor names, or "sensor%u" of the MTMP index (module 0: 64)
+            (hw / "name").write_text("mlx5\n")
+            (hw / "temp1_label").write_text("sensor0\n")
+            (hw / "temp2_label").write_text("sensor64\n")
 
 
-def _put(path: Path, v: Any, text_of) -> None:
+def _put(path: Path, v: Any, text_of, written: dict | None) -> None:
     if v == "missing":
         if path.exists():
             path.unlink()
+        if written is not None:
+            written.pop(path, None)
         return
+    text = v[len("garbage:"):] if isinstance(v, str) and v.startswith("garbage:") else text_of(v)
+    if written is not None and written.get(path) == text and path.exists():
+        return  # unchanged since the last step: leave the file alone
     path.parent.mkdir(parents=True, exist_ok=True)
-    if isinstance(v, str) and v.startswith("garbage:"):
-        path.write_text(v[len("garbage:"):])
-        return
-    path.write_text(text_of(v))
+    path.write_text(text)
+    if written is not None:
+        written[path] = text
 
 
-def _aer_text(fname: str, total: Any) -> str:
+def _aer_text(fname: str, total: Any, dll: Any = 0) -> str:
+    """``total`` errors on the file's default line (RxErr, CmpltTO, SDES), plus ``dll``
+    Replay Timer Timeouts (correctable only), and the TOTAL line."""
     names, total_key, where = AER_NAMES[fname]
     if total == "truncated":
         return "".join(f"{n} 0\n" for n in names[:3])
-    t = int(total)
-    return "".join(f"{n} {t if n == where else 0}\n" for n in names) + f"{total_key} {t}\n"
+    t, r = int(total), int(dll)
+    lines = "".join(f"{n} {t if n == where else r if n == 'Timeout' else 0}\n" for n in names)
+    return lines + f"{total_key} {t + r}\n"
 
 
-def write_step(root: str | Path, host: dict, seq: dict, step: int) -> None:
-    """Write every value of ``seq`` at ``step`` (build the host first)."""
+def write_step(root: str | Path, host: dict, seq: dict, step: int, written: dict | None = None) -> None:
+    """Write every value of ``seq`` at ``step`` (build the host first).  ``written``: a dict
+    kept between the steps of one tree (files whose text did not change are not rewritten)."""
     root = Path(root)
+    if written is None:
+        written = {}
+    put = lambda path, v, text_of: _put(path, v, text_of, written)  # noqa: E731
     ser = seq.get("series", {})
     vanish = seq.get("vanish", {})
 
@@ -163,25 +178,27 @@ def write_step(root: str | Path, host: dict, seq: dict, step: int) -> None:
                 continue
             d.mkdir(parents=True, exist_ok=True)
             for counter, fname in AER_COUNTER.items():
-                _put(d / fname, v(kind, subj, counter), lambda x, f=fname: _aer_text(f, x))
-                _put(d.parent / fname, v(kind, subj, "port_" + counter), lambda x, f=fname: _aer_text(f, x))
+                dll = v(kind, subj, "aer_correctable_dll") if counter == "aer_correctable" else 0
+                pdll = v(kind, subj, "port_aer_correctable_dll") if counter == "aer_correctable" else 0
+                put(d / fname, v(kind, subj, counter), lambda x, f=fname, r=dll: _aer_text(f, x, r))
+                put(d.parent / fname, v(kind, subj, "port_" + counter), lambda x, f=fname, r=pdll: _aer_text(f, x, r))
             if kind != "rail":
                 continue
             if dev.get("hca"):
                 pd = root / "sys/class/infiniband" / dev["hca"] / "ports" / str(dev["port"])
                 for c in IB_COUNTERS:
-                    _put(pd / "counters" / c, v(kind, subj, c), lambda x: f"{int(x)}\n")
+                    put(pd / "counters" / c, v(kind, subj, c), lambda x: f"{int(x)}\n")
                 for c in IB_HW_COUNTERS:
-                    _put(pd / "hw_counters" / c, v(kind, subj, c), lambda x: f"{int(x)}\n")
-                _put(pd / "state", v(kind, subj, "state", "4: ACTIVE"), lambda x: f"{x}\n")
+                    put(pd / "hw_counters" / c, v(kind, subj, c), lambda x: f"{int(x)}\n")
+                put(pd / "state", v(kind, subj, "state", "4: ACTIVE"), lambda x: f"{x}\n")
             nd = root / "sys/class/net" / dev["netdev"] / "statistics"
             for c in NETDEV_COUNTERS:
-                _put(nd / c, v(kind, subj, c), lambda x: f"{int(x)}\n")
+                put(nd / c, v(kind, subj, c), lambda x: f"{int(x)}\n")
             hw = d / "hwmon" / "hwmon0"
             if hw.is_dir():
-                _put(hw / "temp1_input", 55000, lambda x: f"{int(x)}\n")
-                _put(hw / "temp2_input", v(kind, subj, "module_temp_c", 48) * 1000, lambda x: f"{int(x)}\n")
-                _put(hw / "temp2_crit", v(kind, subj, "module_temp_crit_c", 75) * 1000, lambda x: f"{int(x)}\n")
+                put(hw / "temp1_input", 55000, lambda x: f"{int(x)}\n")
+                put(hw / "temp2_input", v(kind, subj, "module_temp_c", 48) * 1000, lambda x: f"{int(x)}\n")
+                put(hw / "temp2_crit", v(kind, subj, "module_temp_crit_c", 75) * 1000, lambda x: f"{int(x)}\n")
 
 
 def nvml_steps(seq: dict, host: dict) -> dict[int, list[dict]]:

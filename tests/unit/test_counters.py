@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from linkpass.adapters.counters import (CounterPoller, GpuSource, RailSource, ReadError, parse_aer, parse_counter,
+                                        parse_millidegrees,
                                         upstream_ports)
 from linkpass.adapters.counters_fake import FakeNvml, NVMLError
 from linkpass.core.risk import RiskTracker
@@ -42,6 +43,18 @@ def test_parse_counter_malformed(text):
     with pytest.raises(ReadError) as e:
         parse_counter(text, "/sys/class/infiniband/mlx5_0/ports/1/counters/symbol_error")
     assert e.value.problem == "garbage" and "symbol_error" in e.value.detail
+
+
+@pytest.mark.parametrize("text,value", [("61125\n", 61.125), ("-5000\n", -5.0)])
+def test_parse_millidegrees(text, value):
+    assert parse_millidegrees(text, "/sys/x") == value
+
+
+@pytest.mark.parametrize("text", ["", "-", "61.5\n", "4a\n", "--1\n"])
+def test_parse_millidegrees_malformed(text):
+    with pytest.raises(ReadError) as e:
+        parse_millidegrees(text, "/sys/class/net/x/device/hwmon/hwmon0/temp2_input")
+    assert e.value.problem == "garbage" and "temp2_input" in e.value.detail
 
 
 def test_parse_aer():
@@ -91,6 +104,7 @@ def test_poll_reads_every_source_of_a_captured_tree(tmp_path):
     # AER: the endpoint's total plus its root port's
     assert got[("gpu", 1, "aer_correctable")].value == 1
     assert got[("gpu", 1, "aer_correctable")].source == "/sys/bus/pci/devices/{0000:2b:00.0,0000:27:02.0}/aer_dev_correctable"
+    assert got[("gpu", 1, "aer_correctable_dll")].value == 0
     assert got[("gpu", 0, "ecc_volatile_corrected")].value == 4
     assert got[("gpu", 2, "nvlink_crc_flit")].value == 10
     assert got[("gpu", 0, "gpu_temp_slowdown_c")].value == 87
@@ -188,10 +202,11 @@ def run_sequence(tmp_path, name):
     p = CounterPoller(ct.rail_sources(HOST), ct.gpu_sources(HOST), root=tmp_path, nvml=nv, clock=lambda: clock[0])
     tr = RiskTracker()
     verdicts, problems = [], []
+    written: dict = {}
     try:
         for n in range(seq["steps"]):
             clock[0] = int(n * seq["interval_s"] * S)
-            ct.write_step(tmp_path, HOST, seq, n)
+            ct.write_step(tmp_path, HOST, seq, n, written)
             nv.n = n
             samples, probs = p.poll()
             v, pr = tr.observe([*samples, *probs], clock[0])
@@ -231,3 +246,70 @@ def test_garbage_sequence_reports_each_bad_source_once(tmp_path):
     assert sorted((x.kind, x.subject, x.counter, x.problem) for x in problems) == [
         ("gpu", 0, "aer_correctable", "garbage"), ("rail", 0, "symbol_error", "garbage"),
         ("rail", 1, "port_rcv_errors", "vanished"), ("rail", 2, "carrier_changes", "garbage")]
+
+
+def _hwmon(tmp_path):
+    _tree(tmp_path, "clean")
+    return tmp_path / "sys/devices/pci0000:37/0000:37:01.0/0000:3a:00.0/hwmon/hwmon0"
+
+
+def _rail2(tmp_path):
+    p = CounterPoller([ct.rail_sources(HOST)[2]], [], root=tmp_path, clock=lambda: 1)
+    try:
+        return p.poll()
+    finally:
+        p.close()
+
+
+def test_module_temperature_is_the_mlx5_module_sensor(tmp_path):
+    hw = _hwmon(tmp_path)
+    (hw / "temp2_input").write_text("61125\n")  # MTMP units of 0.125 degC * 125 = millidegrees
+    samples, problems = _rail2(tmp_path)
+    got = {s.counter: s for s in samples}
+    assert problems == []
+    assert got["module_temp_c"].value == 61.125
+    assert got["module_temp_c"].source == "/sys/class/net/ens3np0/device/hwmon/hwmon0/temp2_input"
+    assert got["module_temp_crit_c"].value == 75.0
+
+
+def test_no_module_sensor_means_no_module_sample(tmp_path):
+    hw = _hwmon(tmp_path)
+    (hw / "temp2_label").write_text("sensor1\n")  # an ASIC sensor: the firmware found no module
+    samples, problems = _rail2(tmp_path)
+    assert problems == [] and not [s for s in samples if s.counter.startswith("module_temp")]
+
+
+def test_garbage_module_temperature_is_a_problem(tmp_path):
+    hw = _hwmon(tmp_path)
+    (hw / "temp2_input").write_text("4a\n")
+    samples, problems = _rail2(tmp_path)
+    assert [(x.counter, x.problem) for x in problems] == [("module_temp_c", "garbage")]
+    assert "temp2_input" in problems[0].detail
+
+
+def test_a_device_without_aer_reporting_has_no_aer_counter_and_no_problem(tmp_path):
+    _tree(tmp_path, "clean")
+    d = tmp_path / "sys/devices/pci0000:17/0000:17:02.0/0000:1b:00.0"
+    for f in ("aer_dev_correctable", "aer_dev_nonfatal", "aer_dev_fatal"):
+        (d / f).unlink()
+    p = CounterPoller([], [GpuSource(0, "0000:1b:00.0")], root=tmp_path, clock=lambda: 1)
+    try:
+        samples, problems = p.poll()
+    finally:
+        p.close()
+    assert samples == [] and problems == []
+
+
+def test_aer_dll_lines_are_counted_at_the_device_and_its_ports(tmp_path):
+    _tree(tmp_path, "clean")
+    base = tmp_path / "sys/devices/pci0000:17/0000:17:02.0"
+    (base / "aer_dev_correctable").write_text(AER_COR)                  # BadTLP 1 + Timeout 3, total 4
+    (base / "0000:1b:00.0" / "aer_dev_correctable").write_text(AER_COR.replace("RxErr 0", "RxErr 2")
+                                                                .replace("TOTAL_ERR_COR 4", "TOTAL_ERR_COR 6"))
+    p = CounterPoller([], [GpuSource(0, "0000:1b:00.0")], root=tmp_path, clock=lambda: 1)
+    try:
+        samples, problems = p.poll()
+    finally:
+        p.close()
+    got = {s.counter: s.value for s in samples}
+    assert problems == [] and got["aer_correctable"] == 10 and got["aer_correctable_dll"] == 8

@@ -247,3 +247,14 @@ def test_aer_log_counter_ignores_other_codes_and_unknown_devices():
 def test_truncated_log_gives_no_verdict_and_no_error():
     cut = _BAD_TLP.splitlines(True)[:1] + ["[  200.000002] nvidia 0000:05:00.0: PCIe Bus Err"]
     assert _run_log("".join(cut)) == []
+
+
+def test_a_subject_that_stops_reporting_is_not_declared_clean():
+    tr = RiskTracker(clean_hold_s=60)
+    v, _ = feed(tr, [{"link_error_recovery": n} for n in range(12)])
+    assert [x.at_risk for _, x in v] == [True]
+    gone = SourceProblem("rail", 0, "link_error_recovery", "/sys/x", "vanished", "gone", 0)
+    for n in range(12, 40):
+        verdicts, _ = tr.observe([gone], n * 10 * S)
+        assert verdicts == []
+    assert tr.status()["rail"]["0"]["at_risk"] is True
