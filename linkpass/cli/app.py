@@ -4,7 +4,7 @@
     linkpass status [--config FILE | --socket PATH] [--json]
     linkpass fabric up|down|cut|heal|show  the emulated fabric (see linkpass.lab.fabric)
     linkpass demo [--hosts 2] [--rails 2] [--steps N] [--json FILE]
-    linkpass demo --scenario rail|rail-latched|device-fault|snapshot [--script FILE] [--script-args ARGS] [--hosts H] [--json FILE]
+    linkpass demo --scenario rail|rail-latched|device-fault|snapshot|at-risk [--script FILE] [--script-args ARGS] [--hosts H] [--json FILE]
     linkpass topology [--sysfs-root DIR] [--from FILE ...] [--json] [--matrix]
     linkpass topology capture --out DIR
     linkpass nccl-env [--local-rank N | --gpu N] [--format shell|json|env-file]
@@ -294,12 +294,14 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--name", default="lpdemo", help="fabric name (default lpdemo)")
     d.add_argument("--mode", default="carrier-loss", help="cut mode: carrier-loss (default), admin-down or blackhole")
     d.add_argument("--scenario", default="reroute",
-                   choices=["reroute", "rail", "rail-latched", "device-fault", "snapshot", "rebuild", "guard-device-fault"],
+                   choices=["reroute", "rail", "rail-latched", "device-fault", "snapshot", "at-risk", "rebuild",
+                            "guard-device-fault"],
                    help="reroute (default): kernel routes carry the job around the cut. With an unmodified --script "
                    "under linkpass exec + torchrun and no route changes (reroute = notify-only): rail (the hook rebuilds "
                    "the process groups on another rail), rail-latched (gloo latched as NCCL is: a warm spare takes the cut "
                    "rank), device-fault (Xid 79 on one rank's GPU: a warm spare takes the rank), snapshot (a snapshot of the "
-                   "running job, then a fresh run resumed from it with linkpass exec --resume). rebuild / "
+                   "running job, then a fresh run resumed from it with linkpass exec --resume), at-risk (a rail's error "
+                   "counters climb: the daemon drains it and the job leaves it before it is cut). rebuild / "
                    "guard-device-fault: the same with the explicit LinkPassGuard API (linkpass.lab.demo_train)")
     d.add_argument("--script", metavar="FILE", help="the training script for rail / rail-latched / device-fault / snapshot "
                    "(default examples/ddp_train.py); run unchanged, one worker per host")

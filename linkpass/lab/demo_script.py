@@ -18,6 +18,17 @@ writes is its own per run): once fault-free (the reference), then with the fault
   --latched``): the cut rank hands over to its warm spare, the others rebuild in-process;
 * ``device-fault``: Xid 79 on the last host's GPU 0 (``linkpass inject``): the rank moves to a
   warm spare with state from a healthy replica;
+* ``at-risk``: at about 30 % of the run the last host's rail 0 starts to fail slowly: its
+  ``port_rcv_errors`` climb (``linkpass inject counters``, 200 a second, until the daemon acts);
+  the host's daemon finds the rail at risk by its counters (rule ``ib.port_rcv_errors.rate``),
+  drains it (no fault yet), and the hooks move the job's process group to rail 1 at a step
+  boundary; then the rail is cut (``--mode``).  The JSON adds ``at_risk`` (the verdict, the time
+  from the first injected error to the drain ``verdict_ms``, and ``lead_time_ms``, drain ->
+  cut), ``drained_before_cut``, ``rebuilds_after_cut`` (0: nothing was left on the rail) and
+  ``stall_at_cut_ms`` (the longest gap between two optimizer steps of the cut host within 2 s
+  after the cut or until its last step, progress polled every ms), next to ``max_step_stall_ms`` of the whole run
+  (which holds the planned rebuild); ``recovery_ms`` is drain -> the slowest rank's first step
+  on the new rail;
 * ``snapshot``: no fault; at about 30 % of the run ``linkpass snapshot --job ... --wait`` (in host
   0's namespace, where the job's store is) takes a snapshot of the running job; then a third,
   fresh run starts with ``linkpass exec --resume`` from it.  The JSON adds ``snapshot_consistent``
@@ -52,7 +63,7 @@ from pathlib import Path
 from linkpass.lab import fabric as fab
 from linkpass.lab.demo import DemoError, RebuildDemo
 
-SCENARIOS = ("rail", "rail-latched", "device-fault", "snapshot")
+SCENARIOS = ("rail", "rail-latched", "device-fault", "snapshot", "at-risk")
 DEFAULT_SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "ddp_train.py"
 #: the default script's arguments: about 800 steps of a few ms each per rank
 DEFAULT_SCRIPT_ARGS = "--epochs 3 --samples 16384 --batch-size 32 --snapshot snapshot.pt"
@@ -85,9 +96,9 @@ class ScriptDemo(RebuildDemo):
         super().__init__(hosts, rails, 50, name, mode, log=log)
         self.script = str(p.resolve())
         self.scenario = scenario
-        self.spares = spares if scenario not in ("rail", "snapshot") else 0
+        self.spares = spares if scenario not in ("rail", "snapshot", "at-risk") else 0
         if fault_host == "all":
-            if scenario == "device-fault":
+            if scenario in ("device-fault", "at-risk"):
                 raise DemoError("--fault-host all: only for the rail scenarios (rail, rail-latched)", 2)
             self.fault_hosts = list(range(hosts))
         else:
@@ -98,7 +109,7 @@ class ScriptDemo(RebuildDemo):
         self.fault_host = self.fault_hosts[-1]  # the host whose progress times the fault
         #: in-memory snapshot interval of the device-fault run (steps; a rolled-back job redoes at most this many)
         self.memory_every = 10
-        if scenario not in ("rail", "snapshot") and spares < 1:
+        if scenario not in ("rail", "snapshot", "at-risk") and spares < 1:
             raise DemoError(f"--scenario {scenario} needs --spares 1 or more", 2)
 
     # ------------------------------------------------------------- jobs
@@ -210,6 +221,8 @@ class ScriptDemo(RebuildDemo):
         if step_at_fault > steps * 6 // 10:
             raise DemoError(f"the script is too short: the spares were up only at step {step_at_fault} of {steps}; give it "
                             "more work with --script-args (more samples or epochs)", 2)
+        if self.scenario == "at-risk":
+            return self._run_at_risk(ref, steps, fault_host, step_at_fault)
         if self.scenario == "device-fault":
             from linkpass.lab.inject import inject_device_fault
 
@@ -228,6 +241,93 @@ class ScriptDemo(RebuildDemo):
             for h in self.fault_hosts:
                 fab.heal(self.name, h, self.PG_RAIL)
         return self._summary(ref, res, steps, fault, t_fault)
+
+    def _rail_at_risk(self, host: int, rail: int) -> dict | None:
+        from linkpass.lab.demo.common import _status
+
+        st = _status(self.desc["hosts"][host]["control_socket"])
+        r = next((x for x in st.get("rails", []) if x["id"] == rail), {})
+        return r.get("at_risk") if r.get("state") == "DRAINED" else None
+
+    def _rebuilt_lines(self, tag: str) -> int:
+        n = 0
+        for h in self.desc["hosts"]:
+            try:
+                n += (self.workdir / f"{tag}-host{h['index']}.log").read_text(errors="replace").count("process groups rebuilt")
+            except OSError:
+                pass
+        return n
+
+    def _run_at_risk(self, ref: list[dict], steps: int, host: int, step_at_fault: int) -> dict:
+        """See ``at-risk`` in the module docstring."""
+        import threading
+
+        from linkpass.lab.inject import inject_counters
+
+        rail = self.PG_RAIL
+        drained = threading.Event()
+        inj: dict = {}
+
+        def climb() -> None:
+            try:
+                inj.update(inject_counters(self.name, host, "rail", rail, "port_rcv_errors", rate=200.0, duration_s=60.0,
+                                           stop=drained.is_set))
+            except Exception as e:  # noqa: BLE001 - reported below as no verdict
+                inj["error"] = str(e)
+
+        t_inject = time.monotonic_ns()
+        th = threading.Thread(target=climb, daemon=True)
+        th.start()
+        self.log(f"h{host} rail {rail}: port_rcv_errors climb at 200/s from step {step_at_fault} (linkpass inject counters)")
+        verdict = None
+        deadline = time.monotonic() + 60
+        while verdict is None:
+            verdict = self._rail_at_risk(host, rail)
+            if verdict is None:
+                if time.monotonic() > deadline or inj.get("error"):
+                    drained.set()
+                    raise DemoError(f"h{host}'s daemon did not find rail {rail} at risk within 60 s"
+                                    f"{': ' + inj['error'] if inj.get('error') else ''}; see `linkpass status`")
+                time.sleep(0.05)
+        t_drain = time.monotonic_ns()
+        drained.set()
+        th.join(5)
+        self.log(f"h{host}'s daemon drained rail {rail}: {verdict.get('summary')} (rule {verdict.get('rule')})")
+        # the hooks move the process group off the drained rail at a step boundary (every rank rebuilds)
+        wait_until = time.monotonic() + 60
+        while self._rebuilt_lines("faulted") < len(self.desc["hosts"]):
+            if time.monotonic() > wait_until or any(j.poll() is not None for j in self.jobs):
+                raise DemoError(f"the job's process groups did not leave rail {rail} within 60 s of the drain; see "
+                                f"{self.workdir}/faulted-host*.log")
+            time.sleep(0.01)
+        # the cut comes once the job trains on the new rail (20 more steps), so what happens at the
+        # cut is the cut's, not the tail of the planned rebuild
+        self._wait_progress("faulted", host, self._progress("faulted", host) + 20, timeout=60)
+        step_at_cut = self._progress("faulted", host)
+        t_cut = fab.cut(self.name, host, rail, self.mode)["t_issued_ns"]
+        self.log(f"cut rail {rail} of h{host} ({self.mode}) at step {step_at_cut}, {(t_cut - t_drain) / 1e6:.0f} ms after the drain")
+        # the longest gap between two optimizer steps of the cut host in the 2 s after the cut
+        last_step, last_t, gap = step_at_cut, time.monotonic_ns(), 0
+        end = time.monotonic() + 2.0
+        while time.monotonic() < end and self.jobs[host].poll() is None:
+            now, cur = time.monotonic_ns(), self._progress("faulted", host)
+            if cur >= steps:
+                break  # the run is done: no step comes after its last one
+            if cur != last_step:
+                last_step, last_t = cur, now
+            gap = max(gap, now - last_t)
+            time.sleep(0.001)
+        res = self._wait_all("faulted")
+        fab.heal(self.name, host, rail)
+        out = self._summary(ref, res, steps, {"host": host, "rail": rail, "mode": self.mode, "step_at_fault": step_at_fault,
+                                              "step_at_cut": step_at_cut, "counter": "port_rcv_errors",
+                                              "injected": {k: inj.get(k) for k in ("from", "to")}}, t_drain)
+        after_cut = sum(1 for r in res for e in r.get("rebuilds", []) if (e.get("trigger_t_ns") or 0) >= t_cut)
+        out.update(at_risk={**verdict, "verdict_ms": round((t_drain - t_inject) / 1e6, 3),
+                            "lead_time_ms": round((t_cut - t_drain) / 1e6, 3)},
+                   drained_before_cut=True, rebuilds_after_cut=after_cut, stall_at_cut_ms=round(gap / 1e6, 3),
+                   recovery="drained before the fault (at risk by its counters)")
+        return out
 
     def _run_snapshot(self, ref: list[dict], steps: int) -> dict:
         from torch_hooks import snapdir
@@ -358,6 +458,11 @@ def print_summary(r: dict) -> None:
         t.add_row("snapshot", f"after step {r['snapshot_step']}: {r['snapshot_bytes']} bytes, training stalled "
                   f"{r['snapshot_stall_ms']} ms, written in {r['snapshot_write_ms']} ms; consistent {r['snapshot_consistent']}")
         t.add_row("restored weights match the snapshot", str(r["restored_weights_match"]))
+    if r["scenario"] == "at-risk":
+        v = r["at_risk"]
+        t.add_row("at risk", f"{v.get('summary')} (rule {v.get('rule')}): drained {v['verdict_ms']:.0f} ms after the first "
+                  f"injected error, {v['lead_time_ms']:.0f} ms before the cut")
+        t.add_row("at the cut", f"{r['rebuilds_after_cut']} rebuilds, longest gap between steps {r['stall_at_cut_ms']} ms")
     t.add_row("fault", json.dumps(r["fault"]))
     t.add_row("steps / lost", f"{r['steps']} / {r['steps_lost']}")
     t.add_row("weights match reference", str(r["weights_match_reference"]))

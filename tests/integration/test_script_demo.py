@@ -116,3 +116,18 @@ def test_a_sharded_rank_on_a_failed_gpu_without_a_copy_of_its_shard_stops_the_jo
     err = p.stderr
     assert "faulted run failed" in err and "the model is sharded" in err and "exiting with status 69" in err, err[-3000:]
     assert why in err, err[-3000:]
+
+
+def test_a_rail_at_risk_by_its_counters_is_left_before_it_is_cut(tmp_path):
+    """issue 18: the rail's error counters climb (linkpass inject counters), its daemon drains it
+    by rule, the hooks move the process group at a step boundary, then the rail is cut: nothing
+    is left on it (no rebuild after the cut), no step lost, the fault-free weights."""
+    p, r = _demo(tmp_path, DDP, DDP_ARGS, "at-risk")
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert r["drained_before_cut"] is True and r["rebuilds_after_cut"] == 0, json.dumps(r["per_rank"])[:3000]
+    assert r["at_risk"]["rule"] == "ib.port_rcv_errors.rate" and r["at_risk"]["counter"] == "port_rcv_errors"
+    assert r["at_risk"]["counters"]["port_rcv_errors"] > 0 and r["at_risk"]["citation"]
+    assert r["steps_lost"] == 0 and r["weights_match_reference"] is True
+    for rank in r["per_rank"].values():
+        assert [e["event"] for e in rank["recoveries"]] == ["rebuilt"], rank["recoveries"]
+        assert rank["recoveries"][0]["rail_to"] == 1 and rank["recoveries"][0]["trigger"] == "notice"

@@ -29,7 +29,7 @@ def main(args) -> int:
     from linkpass.lab import demo_script
 
     if scenario not in ("reroute", "rebuild", "guard-device-fault") + demo_script.SCENARIOS:
-        raise DemoError("--scenario must be reroute (kernel routes), rail, rail-latched, device-fault or snapshot (an "
+        raise DemoError("--scenario must be reroute (kernel routes), rail, rail-latched, device-fault, snapshot or at-risk (an "
                         "unmodified --script under linkpass exec), or rebuild / guard-device-fault (the explicit LinkPassGuard API)", 2)
     if scenario in demo_script.SCENARIOS:
         demo = demo_script.ScriptDemo(getattr(args, "script", None) or str(demo_script.DEFAULT_SCRIPT),
