@@ -137,7 +137,7 @@ def _put(path: Path, v: Any, text_of, written: dict | None) -> None:
         written[path] = text
 
 
-def _aer_text(fname: str, total: Any, dll: Any = 0) -> str:
+def aer_text(fname: str, total: Any, dll: Any = 0) -> str:
     """``total`` errors on the file's default line (RxErr, CmpltTO, SDES), plus ``dll``
     Replay Timer Timeouts (correctable only), and the TOTAL line."""
     names, total_key, where = AER_NAMES[fname]
@@ -180,8 +180,8 @@ def write_step(root: str | Path, host: dict, seq: dict, step: int, written: dict
             for counter, fname in AER_COUNTER.items():
                 dll = v(kind, subj, "aer_correctable_dll") if counter == "aer_correctable" else 0
                 pdll = v(kind, subj, "port_aer_correctable_dll") if counter == "aer_correctable" else 0
-                put(d / fname, v(kind, subj, counter), lambda x, f=fname, r=dll: _aer_text(f, x, r))
-                put(d.parent / fname, v(kind, subj, "port_" + counter), lambda x, f=fname, r=pdll: _aer_text(f, x, r))
+                put(d / fname, v(kind, subj, counter), lambda x, f=fname, r=dll: aer_text(f, x, r))
+                put(d.parent / fname, v(kind, subj, "port_" + counter), lambda x, f=fname, r=pdll: aer_text(f, x, r))
             if kind != "rail":
                 continue
             if dev.get("hca"):

@@ -130,4 +130,6 @@ def test_a_rail_at_risk_by_its_counters_is_left_before_it_is_cut(tmp_path):
     assert r["steps_lost"] == 0 and r["weights_match_reference"] is True
     for rank in r["per_rank"].values():
         assert [e["event"] for e in rank["recoveries"]] == ["rebuilt"], rank["recoveries"]
-        assert rank["recoveries"][0]["rail_to"] == 1 and rank["recoveries"][0]["trigger"] == "notice"
+        assert rank["recoveries"][0]["rail_to"] == 1
+    # the drained host's rank moved on its daemon's notice (the other may first see its peer's abort)
+    assert r["per_rank"][str(r["fault"]["host"])]["recoveries"][0]["trigger"] == "notice"

@@ -101,7 +101,7 @@ def read_count(path: Path, fmt: str) -> int:
 
 def write_count(path: Path, fmt: str, value: int) -> None:
     """Replace ``path`` atomically (a poll never reads half a file)."""
-    text = f"{value}\n" if fmt == "int" else counter_trees._aer_text(fmt.split(":", 1)[1], value)
+    text = f"{value}\n" if fmt == "int" else counter_trees.aer_text(fmt.split(":", 1)[1], value)
     tmp = path.with_name(path.name + ".tmp")
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp.write_text(text)
