@@ -34,6 +34,7 @@ def _load(name: str):
         sys.path.insert(0, str(d))
     spec = importlib.util.spec_from_file_location(f"linkpass_bench_{name}", d / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses look their module up there while the class is made
     spec.loader.exec_module(mod)
     return mod
 
