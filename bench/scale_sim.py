@@ -678,6 +678,7 @@ def _print(res: dict) -> None:
               f"announced to peers: {r['x_announced']}; "
               f"peers {r['peers_detected']}/{r['peers_tracked']} within {r['simulated_s']:.1f} s, "
               f"min {pd['min']} p50 {pd['p50']} max {pd['max']} ms")
+        print(f"  notice fan-out: the send loop reaches the last of {r['hosts'] - 1} peers {r['notice_last_peer_ms']} ms after the first")
         print(f"  sim: {r['sim_cpu_s']} s CPU ({r['setup_cpu_s']} s set-up), {r['engine_events']} engine events")
 
 
@@ -701,15 +702,20 @@ def main(argv: list[str] | None = None, args=None) -> int:
     print(f"costs (us): " + ", ".join(f"{k} {v}" for k, v in costs.items()))
     for h in sizes:
         try:
-            sim = Sim(h, rails=args.rails, sample=args.sample, seed=args.seed, fault=args.fault, rtt_us=args.rtt_us,
-                      window_s=args.window_s, full_engine_max=args.full_engine_max,
-                      send_cost_ns=int(1000 * (costs["udp_send_recv_us"] / 2)))
+            probe_args = Sim(h, rails=args.rails, sample=0, fault=args.fault)  # bad sizes fail before any work
         except ValueError as e:
             print(f"{PROG}: {e}", file=sys.stderr)
             return 2
-        r = sim.run()
-        eng = measure_engine(h, args.rails, calls=args.engine_calls)
+        del probe_args
         notices = measure_notices(h, args.rails)
+        # one notice datagram leaves after the send loop's own work and one sendto
+        send_ns = int(1000 * (notices["send_loop_us_per_datagram"] + costs["udp_send_recv_us"] / 2))
+        sim = Sim(h, rails=args.rails, sample=args.sample, seed=args.seed, fault=args.fault, rtt_us=args.rtt_us,
+                  window_s=args.window_s, full_engine_max=args.full_engine_max, send_cost_ns=send_ns)
+        r = sim.run()
+        r["notice_send_ns"] = send_ns
+        r["notice_last_peer_ms"] = round(send_ns * (h - 2) / MS, 3)  # the loop reaches the last peer this late
+        eng = measure_engine(h, args.rails, calls=args.engine_calls)
         size = {"sim": r, "engine": eng, "notices": notices, "cpu": cpu_per_host(r, costs, eng, notices)}
         out["sizes"].append(size)
         _print({"sizes": [size]})
