@@ -7,7 +7,9 @@
 ``bench detect`` runs ``bench/detect_bfd.py`` (linkpass detection next to FRR's bfdd on the
 emulated fabric); ``bench snapshot`` runs ``bench/snapshot.py`` (the hook's snapshots of an
 unmodified FSDP2 job: step-time overhead, snapshot and restore time against state size, a
-device fault under ``torchrun --max-restarts 1``; no fabric, no root).  The benchmarks live in the source tree, not in the installed package: when
+device fault under ``torchrun --max-restarts 1``; no fabric, no root); ``bench scale`` runs
+``bench/scale_sim.py`` (the real probe schedule, filter and engine of 1,024-16,384 simulated
+hosts on a simulated clock; no fabric, no root).  The benchmarks live in the source tree, not in the installed package: when
 ``bench/`` is not next to the ``linkpass`` package, the command says so and exits 2.
 """
 
@@ -32,6 +34,7 @@ def _load(name: str):
         sys.path.insert(0, str(d))
     spec = importlib.util.spec_from_file_location(f"linkpass_bench_{name}", d / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses look their module up there while the class is made
     spec.loader.exec_module(mod)
     return mod
 
@@ -55,6 +58,31 @@ def cmd_snapshot(args) -> int:
     if mod is None:
         return _missing("snapshot")
     return mod.main(args=args)
+
+
+def cmd_scale(args) -> int:
+    mod = _load("scale_sim") if bench_dir() is not None and (bench_dir() / "scale_sim.py").is_file() else None
+    if mod is None:
+        return _missing("scale")
+    return mod.main(args=args)
+
+
+def add_scale_options(ap) -> None:
+    """The options of ``bench scale`` (shared with bench/scale_sim.py's own parser)."""
+    ap.add_argument("--hosts", default="1024,16384", help="cluster sizes, comma-separated (default 1024,16384)")
+    ap.add_argument("--rails", type=int, default=8, help="rails per host (default 8)")
+    ap.add_argument("--fault", default="blackhole", help="blackhole | loss:PCT, on one rail of one host (default blackhole)")
+    ap.add_argument("--sample", type=int, default=16,
+                    help="hosts simulated besides the faulted one and its 2 ring neighbours, drawn with --seed (default 16)")
+    ap.add_argument("--seed", type=int, default=1, help="draws the faulted host, the sample and random loss (default 1)")
+    ap.add_argument("--rtt-us", type=float, default=30.0, help="round-trip time of a probe (default 30 us)")
+    ap.add_argument("--window-s", type=float, default=None,
+                    help="simulated seconds after the fault (default 3.2 slow sweeps + 5 s; a blackhole run stops "
+                    "once every simulated host has left the rail)")
+    ap.add_argument("--full-engine-max", type=int, default=2048,
+                    help="above this many hosts the faulted host's engine runs verdict-only (see bench/scale_sim.py)")
+    ap.add_argument("--engine-calls", type=int, default=10, help="engine results timed per size (default 10)")
+    ap.add_argument("--json", metavar="FILE", help="write the figures as JSON here")
 
 
 def add_detect_options(ap) -> None:
@@ -118,3 +146,7 @@ def register(subparsers) -> None:
                       "--max-restarts 1 (no root)")
     add_snapshot_options(s)
     s.set_defaults(func=cmd_snapshot)
+    c = bs.add_parser("scale", help="simulation of 1,024-16,384 hosts on a simulated clock with the real schedule, probe "
+                      "filter and engine: probes/s and CPU per host, detection time of a rail fault, notice fan-out (no root)")
+    add_scale_options(c)
+    c.set_defaults(func=cmd_scale)
