@@ -154,7 +154,7 @@ def _status_lines(st: dict, max_clients: int = 8) -> list[str]:
         out.append(f"snapshots of job {job}: {j.get('ok')} ok, {j.get('failed')} failed; last {what} at step "
                    f"{last.get('step')} ({res}), {last.get('age_s')} s ago")
     for v in st.get("at_risk") or []:
-        who = f"rail {v.get('subject')}" if v.get("kind") == "rail" else f"GPU {v.get('subject')}"
+        who = f"rail {v.get('subject')}" if v.get("subject_kind") == "rail" else f"GPU {v.get('subject')}"
         out.append(f"AT RISK: {who}: {v.get('summary')} (rule {v.get('rule')}); {v.get('action')}")
     counts = st.get("incident_counts")
     if counts is not None:

@@ -28,10 +28,10 @@ rebuild_failed
 hook report migrating / joined /   ``migration``     yes       report, job, rank, pid, detail
 no_spare / unmovable /
 at_risk_moving / at_risk_unmovable
-at_risk (a rail or GPU at risk by  ``at_risk``        yes (no   kind, subject, rail, gpu, at_risk,
-its counters, or clear again)                        when      rule, counter, rate, unit, window_s,
-                                                     clear)    threshold, citation, summary,
-                                                               action, counters
+at_risk (a rail or GPU at risk by  ``at_risk``        yes (no   subject_kind, subject, rail, gpu,
+its counters, or clear again)                        when      at_risk, rule, counter, rate, unit,
+                                                     clear)    window_s, threshold, citation,
+                                                               summary, action, counters
 hook report snapshot (checked:     ``snapshot``      yes when  job, rank, pid, scope, snapshot_id,
 :mod:`linkpass.core.snapshots`)                      not ok    step, ok, path, bytes, stall_ms,
                                                                write_ms, reason
@@ -164,7 +164,7 @@ class AlertMapper:
                                                "peer_generation": d.get("peer_generation")}, t_ns)
         if kind == "at_risk":
             rail = d.get("rail")
-            fields = {k: d.get(k) for k in ("kind", "subject", "rail", "gpu", "at_risk", "rule", "counter", "rate", "unit",
+            fields = {k: d.get(k) for k in ("subject_kind", "subject", "rail", "gpu", "at_risk", "rule", "counter", "rate", "unit",
                                             "window_s", "threshold", "citation", "summary", "action")}
             fields["netdev"] = self.rails.get(rail) if rail is not None else None
             fields["counters"] = dict(d.get("counters") or {})

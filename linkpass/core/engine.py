@@ -316,7 +316,7 @@ class Engine:
         unknown rail is recorded with ``unknown: true`` and nothing else."""
         key = (ev.kind, ev.subject)
         v = ev.verdict
-        entry = {"kind": ev.kind, "subject": ev.subject, "at_risk": ev.at_risk, "rule": ev.rule, "summary": ev.summary,
+        entry = {"subject_kind": ev.kind, "subject": ev.subject, "at_risk": ev.at_risk, "rule": ev.rule, "summary": ev.summary,
                  **{k: v.get(k) for k in ("counter", "rate", "unit", "window_s", "threshold", "citation")},
                  "counters": dict(v.get("counters") or {}), "since_ns": ev.t_ns}
         again = ev.at_risk and key in self.at_risk
