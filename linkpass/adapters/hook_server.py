@@ -233,12 +233,7 @@ class HookServer:
         except proto.ProtocolError as e:
             log.error("cannot build a device_fault message: %s", e)
             return 0
-        sent = 0
-        for c in list(self.clients.values()):
-            if c.reg is None or (c.reg.gpu is not None and c.reg.gpu != gpu):
-                continue
-            self._send(c, msg)
-            sent += 1
+        sent = self._send_to_gpu(msg, gpu)
         self.counters["device_faults_sent"] += sent
         if sent == 0:
             now = time.monotonic_ns()
@@ -260,13 +255,19 @@ class HookServer:
         except proto.ProtocolError as e:
             log.error("cannot build a gpu_at_risk message: %s", e)
             return 0
+        sent = self._send_to_gpu(msg, gpu)
+        self.counters["at_risk_sent"] += sent
+        return sent
+
+    def _send_to_gpu(self, msg: dict, gpu: int) -> int:
+        """``msg`` to the registered clients on GPU ``gpu`` and those that registered no GPU
+        (they check the GPU themselves); returns how many."""
         sent = 0
         for c in list(self.clients.values()):
             if c.reg is None or (c.reg.gpu is not None and c.reg.gpu != gpu):
                 continue
             self._send(c, msg)
             sent += 1
-        self.counters["at_risk_sent"] += sent
         return sent
 
     @property

@@ -74,17 +74,28 @@ def _int(name: str, text, lo: int, hi: int) -> int:
     return v
 
 
-def inject_device_fault(name: str, host: int, gpu: int, xid: int) -> dict:
-    """Append the Xid record to host ``host``'s kernel log on fabric ``name``."""
+def _fabric(name: str, host: int) -> dict:
+    """Fabric ``name``'s description, with ``host`` checked against it.
+
+    Raises:
+        InjectError: no such fabric, or no such host on it.
+    """
     from linkpass.lab import fabric as fab
 
     try:
         desc = fab.load(name)
     except fab.FabricError as e:
         raise InjectError(str(e).splitlines()[0] if str(e) else f"no fabric named {name!r}") from None
+    if not 0 <= host < len(desc["hosts"]):
+        raise InjectError(f"--host must be 0..{len(desc['hosts']) - 1} on fabric {name!r}, got {host}")
+    return desc
+
+
+def inject_device_fault(name: str, host: int, gpu: int, xid: int) -> dict:
+    """Append the Xid record to host ``host``'s kernel log on fabric ``name``."""
+
+    desc = _fabric(name, host)
     hosts = desc["hosts"]
-    if not 0 <= host < len(hosts):
-        raise InjectError(f"--host must be 0..{len(hosts) - 1} on fabric {name!r}, got {host}")
     path = os.path.join(os.path.dirname(hosts[host]["control_socket"]), f"h{host}.kmsg")
     line = xid_line(gpu, xid)
     seq_file = path + ".seq"
@@ -113,16 +124,10 @@ def inject_counters(name: str, host: int, kind: str, subject: int, counter: str 
     Raises:
         InjectError: no such fabric, host, rail, GPU or counter.
     """
-    from linkpass.lab import fabric as fab
     from linkpass.lab.fabric import counters as fc
 
-    try:
-        desc = fab.load(name)
-    except fab.FabricError as e:
-        raise InjectError(str(e).splitlines()[0] if str(e) else f"no fabric named {name!r}") from None
+    desc = _fabric(name, host)
     hosts = desc["hosts"]
-    if not 0 <= host < len(hosts):
-        raise InjectError(f"--host must be 0..{len(hosts) - 1} on fabric {name!r}, got {host}")
     counter = counter or ("port_rcv_errors" if kind == "rail" else "aer_correctable")
     if counter not in fc.counters_for(kind):
         raise InjectError(f"--counter {counter!r} is not a {kind} counter here (known: {', '.join(fc.counters_for(kind))})")

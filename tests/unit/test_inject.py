@@ -88,3 +88,42 @@ def test_device_fault_help_prints_its_options_exit_0(flag, capsys):
     assert err == "" and out.startswith("usage: linkpass inject device-fault")
     for opt in ("--host I", "--gpu G", "--xid N", "--name NAME"):
         assert opt in out
+
+
+@pytest.mark.parametrize("argv, why", [
+    (["inject", "counters", "--rail", "0"], "--host is required"),
+    (["inject", "counters", "--host", "0"], "say what climbs: --rail R or --gpu G"),
+    (["inject", "counters", "--host", "0", "--rail", "0", "--gpu", "0"], "not allowed with argument"),
+    (["inject", "counters", "--host", "0", "--rail", "0", "--rate", "x"], "--rate and --for must be numbers"),
+    (["inject", "counters", "--host", "0", "--rail", "0", "--for", "0"], "--for in (0, 3600]"),
+    (["inject", "counters", "--host", "0", "--rail", "0", "--add", "0"], "--add must be 1.."),
+    (["inject", "counters", "--host", "0", "--rail", "0", "--name", "nosuchfabric"], "nosuchfabric"),
+])
+def test_counters_bad_arguments_one_line_exit_2(argv, why, capsys):
+    try:
+        rc = cli.main(argv)
+    except SystemExit as e:
+        rc = e.code
+    err = capsys.readouterr().err
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and why in err, err
+
+
+def test_counters_climb_in_the_hosts_tree_and_the_poller_reads_them(tmp_path, monkeypatch, capsys):
+    from linkpass.adapters.counters import CounterPoller
+    from linkpass.adapters.risk_source import rail_sources_from_sysfs
+    from linkpass.lab.fabric import counters as fc
+
+    desc = {"state_dir": str(tmp_path), "hosts": [{"rails": [{"rail": 0, "netdev": "rail0"}, {"rail": 1, "netdev": "rail1"}]}]}
+    monkeypatch.setattr(fab, "load", lambda name: desc)
+    fc.build(desc, 0)
+    assert cli.main(["inject", "counters", "--host", "0", "--rail", "1", "--counter", "symbol_error", "--add", "7", "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert (r["from"], r["to"], r["counter"]) == (0, 7, "symbol_error")
+    assert cli.main(["inject", "counters", "--host", "0", "--gpu", "1", "--add", "3"]) == 0
+    assert "raised aer_correctable of host 0 gpu 1 from 0 to 3" in capsys.readouterr().out
+    assert cli.main(["inject", "counters", "--host", "0", "--rail", "0", "--counter", "bogus", "--add", "1"]) == 2
+    assert "not a rail counter" in capsys.readouterr().err
+    root = fc.tree_root(desc, 0)
+    samples, problems = CounterPoller(rail_sources_from_sysfs(root, {0: "rail0", 1: "rail1"}), [], root=root).poll()
+    got = {(s.subject, s.counter): s.value for s in samples}
+    assert got[(1, "symbol_error")] == 7 and got[(0, "symbol_error")] == 0 and problems == []
