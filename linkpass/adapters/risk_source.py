@@ -157,6 +157,16 @@ class RiskSource:
         self.poller.close()
 
 
+def sysfs_root_problem(root: str) -> str | None:
+    """Why ``[risk] sysfs_root`` cannot be read as a sysfs root (None when it can): it must be an
+    absolute directory holding ``sys/``."""
+    if not os.path.isabs(root):
+        return f"{root!r} is not an absolute path"
+    if not os.path.isdir(os.path.join(root, "sys")):
+        return f"{root} has no sys/ directory (not a sysfs root)"
+    return None
+
+
 def build(cfg: Any, post: Callable[[Event], None], topology: Any = None) -> RiskSource | None:
     """The counter source of a daemon config (``[risk]``), or None when it is off.  Rails come
     from the discovered topology when there is one, else from sysfs under ``[risk] sysfs_root``;
@@ -165,6 +175,10 @@ def build(cfg: Any, post: Callable[[Event], None], topology: Any = None) -> Risk
 
     rc = cfg.risk
     if not rc.enabled:
+        return None
+    why = sysfs_root_problem(rc.sysfs_root)
+    if why is not None:
+        log.warning("counters: [risk] sysfs_root: %s; counter trends are off (no rail or GPU is judged at risk)", why)
         return None
     rails = {r.id: r.netdev for r in cfg.rails}
     nv = load_nvml() if rc.nvml else None

@@ -282,7 +282,8 @@ def file_problems(cfg: Config, source: str) -> tuple[list[str], list[str]]:
     (:func:`linkpass.autoconf.read_peers_file`) and discovery finding no compute NIC with a netdev
     (:func:`linkpass.discovery.resolve_live`, what the daemon runs at start).  Warnings do not: no
     ``notice_key_file`` (the daemon runs with peer notices and probes off), lines of the peers
-    file that the daemon skips, discovery's warnings, a ``peers_file`` that is not read (rails not "auto"), and with
+    file that the daemon skips, discovery's warnings, a ``peers_file`` that is not read (rails not "auto"), a
+    ``[risk] sysfs_root`` that is not a sysfs root (counter trends off), and with
     ``mqtt.enabled`` the broker password and TLS files, checked by the MQTT adapter's
     :func:`~linkpass.adapters.mqtt_credentials.read_password_file` and
     :func:`~linkpass.adapters.mqtt_credentials.build_tls_context` (the daemon logs those and runs without
@@ -327,6 +328,12 @@ def file_problems(cfg: Config, source: str) -> tuple[list[str], list[str]]:
     elif cfg.topology.peers_file:
         warnings.append(f"{source}: warning: topology.peers_file: not read: peers come from [[peers]] unless "
                         '[topology] rails = "auto"')
+    if cfg.risk.enabled:
+        from linkpass.adapters.risk_source import sysfs_root_problem
+
+        why = sysfs_root_problem(cfg.risk.sysfs_root)
+        if why is not None:  # the daemon runs, without counter trends: say so
+            warnings.append(f"{source}: warning: risk.sysfs_root: {why}, so counter trends are off")
     if cfg.mqtt.enabled:
         from linkpass.adapters.mqtt_credentials import MqttSetupError, build_tls_context, read_password_file
 

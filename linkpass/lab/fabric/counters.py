@@ -18,8 +18,9 @@ from pathlib import Path
 from linkpass.lab import counter_trees
 from linkpass.lab.fabric.gpus import MAX_GPUS, fake_pci_bus_id
 
-#: GPUs with counter files per emulated host (the first few of MAX_GPUS: the demos use 0 and 1)
-GPUS_WITH_COUNTERS = min(4, MAX_GPUS)
+#: GPUs with counter files per emulated host: every emulated GPU (the daemon's [device] gpus map
+#: names them all, and a GPU without its files would read as vanished)
+GPUS_WITH_COUNTERS = MAX_GPUS
 
 
 def tree_root(desc: dict, i: int) -> str:
@@ -36,7 +37,7 @@ def host_spec(desc: dict, i: int) -> dict:
     h = desc["hosts"][i]
     rails = [{"rail": r["rail"], "hca": f"mlx5_{r['rail']}", "port": 1, "netdev": r["netdev"],
               "bdf": nic_bus_id(r["rail"]), "root_port": f"0000:{0x3f + r['rail']:02x}:01.0"} for r in h["rails"]]
-    gpus = [{"index": g, "bdf": fake_pci_bus_id(g), "root_port": f"0000:{0x17 + g:02x}:01.0"}
+    gpus = [{"index": g, "bdf": fake_pci_bus_id(g), "root_port": f"0000:{0x08 + g:02x}:01.0"}
             for g in range(GPUS_WITH_COUNTERS)]
     return {"rails": rails, "gpus": gpus}
 
