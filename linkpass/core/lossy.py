@@ -11,7 +11,7 @@ hypotheses about the per-probe loss of one path,
 
 * H0, healthy: loss ``p_ok`` (``[probe] healthy_loss``, default 0.04: a link losing 2 % in
   each direction loses 1 - 0.98^2 = 3.96 % of round trips);
-* H1, lossy: loss ``p_bad`` (``[probe] lossy_loss``, default 0.2),
+* H1, lossy: loss ``p_bad`` (``[probe] lossy_loss``, default 0.3),
 
 with Wald's sequential probability ratio test (Wald, *Sequential Analysis*, 1947), restarted
 whenever the evidence falls back to zero: Page's CUSUM (Page, "Continuous inspection schemes",
@@ -24,18 +24,23 @@ Error bound: under H0 the likelihood ratio from any start is a martingale of mea
 Ville's inequality the test started at one probe ever reaches ``e^h`` with probability at most
 ``alpha``; the CUSUM alarms within ``N`` probes only if one of those ``N`` starts does, so
 ``P(false alarm within N probes at loss <= p_ok) <= N * alpha`` (any loss below ``p_ok`` only
-lowers it).  With the defaults (``alpha`` = 1e-9) a path probed 100 times a second is wrongly
-called lossy with probability at most 6e-5 over 10 minutes.  Detection: at loss ``q`` the
-evidence grows by ``q l(miss) + (1 - q) l(answer)`` a probe (0.73 at q = 0.51, the round-trip
-loss of 30 % each way; 0.46 at q = 0.36), so about ``h / that`` probes (28 and 45 with the
-defaults), never fewer than ``ceil(h / l(miss))`` (13).
+lowers it).  With the defaults (``alpha`` = 1e-7) a path probed 100 times a second is wrongly
+called lossy with probability at most 0.006 over 10 minutes; the true rate is far lower (the
+bound counts every start point as if it had the whole budget; ``bench/loss_curve.py`` measures
+it).  Detection: at loss ``q`` the evidence grows by ``q l(miss) + (1 - q) l(answer)`` a probe
+(0.87 at q = 0.51, the round-trip loss of 30 % each way; 0.52 at q = 0.36, 20 % each way), so
+about ``h / that`` probes (18 and 31 with the defaults), never fewer than ``ceil(h / l(miss))``
+(8).  The drift is positive above ``q* = -l(answer) / (l(miss) - l(answer))`` (0.136): a loss
+of 20 % of round trips is caught too, more slowly; ``p_bad`` 0.3 rather than 0.2 makes each
+miss weigh more (faster at heavy loss) and keeps ``q*`` well above the ~10 % of probes an
+overloaded prober can lose by itself (issue 17), which the windowed DEGRADED ratio reports.
 
 Recovery needs evidence too: once lossy, a second CUSUM accumulates ``-l(x)`` (evidence for
 H0) and the path is clean again once it reaches ``h_clear = ln(1 / clear_alpha)``: at no loss
-that is ``h_clear / -l(answer)`` answers in a row (38 with ``clear_alpha`` = 1e-3); each miss
-sets it back by ``l(miss)``.  At a loss of ``p_bad`` or more a wrong clear has probability at
+that is ``h_clear / -l(answer)`` answers in a row (22 with ``clear_alpha`` = 1e-3); each miss
+sets it back by ``l(miss)`` (about six answers).  At a loss of ``p_bad`` or more a wrong clear has probability at
 most ``clear_alpha`` per start (the same bound, the hypotheses swapped), and the next alarm
-follows within about ``h / 0.46`` probes.
+follows within about ``h / 0.87`` probes at 51 %.
 """
 
 from __future__ import annotations

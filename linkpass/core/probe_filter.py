@@ -58,6 +58,7 @@ class ProbeFilter:
         self.last_report: dict[int, int] = {}  # rail -> t_ns of its last ProbeLoss
         self.last_side: dict[int, bool] = {}
         self.tests: dict[tuple[int, str], PathLossTest] = {}  # path -> its sequential loss test
+        self.lossy: set[tuple[int, str]] = set()  # paths it calls lossy now
         self.loss_test = loss_test(probe)
         self.forwarded = 0
         self.absorbed = 0
@@ -112,8 +113,9 @@ class ProbeFilter:
         probes = t.probes + 1
         if t.update(ev.ok):
             win = self.path_window.get(key)
-            loss = self.path_lost.get(key, 0) / len(win) if win else None
-            self.post(PathLossy(ev.rail, ev.peer, t.lossy, ev.t_ns, probes, loss))
+            n, lost = (len(win), self.path_lost.get(key, 0)) if win else (0, 0)
+            (self.lossy.add if t.lossy else self.lossy.discard)(key)
+            self.post(PathLossy(ev.rail, ev.peer, t.lossy, ev.t_ns, probes, lost / n if n else None))
 
     def _live(self, key: tuple[int, str]) -> bool:
         return self.streak.get(key, 0) < self._dead_streak()
