@@ -128,6 +128,18 @@ class PathLossTest:
         self._up, self._down = test.miss_llr, test.answer_llr
         self._h = test.h_clear if self.lossy else test.h
 
+    def state(self) -> tuple[bool, float, int]:
+        """What :meth:`restore` takes back to."""
+        return self.lossy, self.s, self.probes
+
+    def restore(self, state: tuple[bool, float, int]) -> bool:
+        """Go back to an earlier :meth:`state` (evidence that turned out to be something else);
+        True when the verdict changed."""
+        was = self.lossy
+        self.lossy, self.s, self.probes = state
+        self._h = self.test.h_clear if self.lossy else self.test.h
+        return was != self.lossy
+
     def update(self, ok: bool) -> bool:
         """One probe result; True when the verdict (:attr:`lossy`) changed."""
         self.probes += 1

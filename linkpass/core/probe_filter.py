@@ -15,7 +15,9 @@ silent everywhere at once says nothing about any one rail.
 
 The same results (those the loss window counts, and no miss of a dead path) feed each path's
 sequential loss test (:mod:`linkpass.core.lossy`); a change of its verdict is posted at once as a
-:class:`PathLossy`.  That test sees every answer, which the engine does not.
+:class:`PathLossy`.  That test sees every answer, which the engine does not.  Misses in a row
+that end in a dead path are taken back out of the test (a dead path or a lost link is BFD's
+rule's and the link state's to judge, and counting them would hold up the path's recovery).
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ class ProbeFilter:
         self.last_side: dict[int, bool] = {}
         self.tests: dict[tuple[int, str], PathLossTest] = {}  # path -> its sequential loss test
         self.lossy: set[tuple[int, str]] = set()  # paths it calls lossy now
+        self.before_streak: dict[tuple[int, str], tuple] = {}  # path -> its test's state before its misses in a row
         self.loss_test = loss_test(probe)
         self.forwarded = 0
         self.absorbed = 0
@@ -103,19 +106,35 @@ class ProbeFilter:
         if answered_before and (ev.ok or ev.peer_elsewhere is not False):
             # a miss while the peer answered on no rail at all is the peer's silence (stalled,
             # overloaded, gone), not loss on this rail
-            if self._account(key, ev) and (ev.ok or self._live(key)):
-                self._test(key, ev)
+            if self._account(key, ev):
+                if ev.ok or self._live(key):
+                    self._test(key, ev)
+                elif self.streak.get(key) == self._dead_streak():
+                    self._undo_streak(key, ev)
 
     def _test(self, key: tuple[int, str], ev: ProbeResult) -> None:
         t = self.tests.get(key)
         if t is None:
             t = self.tests[key] = PathLossTest(self.loss_test)
+        if not ev.ok and self.streak.get(key) == 1:
+            self.before_streak[key] = t.state()
         probes = t.probes + 1
         if t.update(ev.ok):
-            win = self.path_window.get(key)
-            n, lost = (len(win), self.path_lost.get(key, 0)) if win else (0, 0)
-            (self.lossy.add if t.lossy else self.lossy.discard)(key)
-            self.post(PathLossy(ev.rail, ev.peer, t.lossy, ev.t_ns, probes, lost / n if n else None))
+            self._post_verdict(key, ev, t, probes)
+
+    def _undo_streak(self, key: tuple[int, str], ev: ProbeResult) -> None:
+        """The misses in a row just made the path dead: they were a dead path (or a link down),
+        which BFD's rule and the link state judge, not random loss; take them out of the test,
+        as the loss window does, so that the path's recovery is not held up by them."""
+        t, before = self.tests.get(key), self.before_streak.pop(key, None)
+        if t is not None and before is not None and t.restore(before):
+            self._post_verdict(key, ev, t, t.probes)
+
+    def _post_verdict(self, key: tuple[int, str], ev: ProbeResult, t: PathLossTest, probes: int) -> None:
+        win = self.path_window.get(key)
+        n, lost = (len(win), self.path_lost.get(key, 0)) if win else (0, 0)
+        (self.lossy.add if t.lossy else self.lossy.discard)(key)
+        self.post(PathLossy(ev.rail, ev.peer, t.lossy, ev.t_ns, probes, lost / n if n else None))
 
     def _live(self, key: tuple[int, str]) -> bool:
         return self.streak.get(key, 0) < self._dead_streak()

@@ -157,12 +157,26 @@ def test_misses_while_the_peer_is_silent_everywhere_are_no_evidence():
     assert ev == []
 
 
-def test_a_dead_path_is_lossy_and_clears_only_after_answering_long_enough():
+def test_misses_that_end_in_a_dead_path_are_taken_back_out():
+    # a blackhole (or a lost link): lossy after 8 misses, but once the path is dead (20 in a
+    # row) those misses are BFD's rule's business and the verdict goes back to what it was
     cfg = make_cfg(rails=(0, 1), n_peers=1)
     out = []
     f = ProbeFilter(probe_policy(cfg.probe), out.append)
     t = 0
-    for i in range(100):  # answers, then a blackhole
+    for i in range(100):
+        t += 10 * MS
+        f(ProbeResult(0, "h1", i < 10, t, rtt_ns=1 if i < 10 else None, peer_elsewhere=None if i < 10 else True))
+    assert [x.lossy for x in out if isinstance(x, PathLossy)] == [True, False]
+    assert f.tests[(0, "h1")].s == 0.0 and not f.lossy
+
+
+def test_a_lossy_path_clears_only_after_answering_long_enough():
+    cfg = make_cfg(rails=(0, 1), n_peers=1)
+    out = []
+    f = ProbeFilter(probe_policy(cfg.probe), out.append)
+    t = 0
+    for i in range(22):  # 12 misses in a row: lossy, not dead
         t += 10 * MS
         f(ProbeResult(0, "h1", i < 10, t, rtt_ns=1 if i < 10 else None, peer_elsewhere=None if i < 10 else True))
     assert [x.lossy for x in out if isinstance(x, PathLossy)] == [True]
@@ -170,6 +184,7 @@ def test_a_dead_path_is_lossy_and_clears_only_after_answering_long_enough():
     for i in range(clear):
         t += 10 * MS
         f(ProbeResult(0, "h1", True, t, rtt_ns=1))
+        assert bool(f.lossy) == (i < clear - 1)
     assert [x.lossy for x in out if isinstance(x, PathLossy)] == [True, False]
 
 
