@@ -20,6 +20,10 @@ linkpass daemon until the rail is unusable; heal; wait until linkpass uses the r
 the BFD session is back up.  Then, from the daemons' histories (monotonic clock):
 
 * linkpass ``detect_ms``: cut issued -> host 1 records rail 0 DOWN (history ``rail``);
+  ``avoid_ms``: cut issued -> host 1's routes leave rail 0: its own DOWN, or host 0's notice
+  that rail 0 failed at its end (history ``peer_rails``), whichever comes first (with one peer
+  per rail either end may be the first to judge a loss; ``avoided_by_peer_notice`` counts the
+  trials where host 0 was);
   ``path_down_ms``: cut issued -> first probe path on rail 0 DOWN (history ``path``);
 * ``reroute_ms``: DOWN -> kernel ACK of the first plan without the rail;
 * ``false_failovers``: rail DOWN entries on any rail other than the cut one (any host);
@@ -285,6 +289,18 @@ def rail_usable(cl: BenchCluster, host: int, rail: int) -> bool:
     return bool(r["usable"]) and st["applied_generation"] >= st["generation"]
 
 
+def rail_avoided(cl: BenchCluster, host: int, rail: int) -> bool:
+    """``host`` no longer routes to its peers over ``rail``: its own rail is unusable, or every
+    peer announced the rail unusable at its end (with one peer per rail, either end may be the
+    first to call the rail failed; the other follows the notice)."""
+    st = cl.ask(host)
+    r = next(x for x in st["rails"] if x["id"] == rail)
+    if st["applied_generation"] < st["generation"]:
+        return False
+    peers = st["peers"]
+    return not r["usable"] or (bool(peers) and all(p["usable_rails"] is not None and rail not in p["usable_rails"] for p in peers))
+
+
 def all_usable(cl: BenchCluster, hosts: int, rails: int) -> bool:
     for i in range(hosts):
         st = cl.ask(i)
@@ -318,7 +334,7 @@ def run_trials(args, cl: BenchCluster, bfd: Bfd | None) -> list[dict]:
             now = time.monotonic()
             if not lp_down_seen and now >= next_lp:
                 try:
-                    lp_down_seen = not rail_usable(cl, CUT_HOST, CUT_RAIL)
+                    lp_down_seen = rail_avoided(cl, CUT_HOST, CUT_RAIL)
                 except (OSError, ValueError, KeyError, StopIteration):
                     pass
                 next_lp = now + 0.02
@@ -357,6 +373,12 @@ def analyse(args, cl: BenchCluster, trials: list[dict], t0: int, t1: int) -> dic
         down = _first(mine, lambda e: e["kind"] == "rail" and e["rail"] == CUT_RAIL and e["new"] == "DOWN")
         pdown = _first(mine, lambda e: e["kind"] == "path" and e["rail"] == CUT_RAIL and e["new"] == "DOWN")
         tr["detect_ms"] = None if not down else round((down["t_ns"] - t_cut) / 1e6, 3)
+        # avoided: h1's own DOWN, or the peer's notice that its end of the rail failed (h1's
+        # routes leave the rail either way; with one peer per rail either end may decide first)
+        peer_off = _first(mine, lambda e: e["kind"] == "peer_rails" and CUT_RAIL not in e["usable"])
+        t_av = [e["t_ns"] for e in (down, peer_off) if e]
+        tr["avoid_ms"] = round((min(t_av) - t_cut) / 1e6, 3) if t_av else None
+        tr["avoided_by"] = None if not t_av else ("own" if down and down["t_ns"] == min(t_av) else "peer notice")
         tr["path_down_ms"] = None if not pdown else round((pdown["t_ns"] - t_cut) / 1e6, 3)
         tr["reroute_ms"] = None
         if down:
@@ -383,6 +405,9 @@ def analyse(args, cl: BenchCluster, trials: list[dict], t0: int, t1: int) -> dic
         "path_down_ms": summary([t["path_down_ms"] for t in trials if t["path_down_ms"] is not None]),
         "reroute_ms": summary([t["reroute_ms"] for t in trials if t["reroute_ms"] is not None]),
         "misses": None if light else sum(1 for t in trials if t["detect_ms"] is None),
+        "avoid_ms": summary([t["avoid_ms"] for t in trials if t["avoid_ms"] is not None]),
+        "avoid_misses": None if light else sum(1 for t in trials if t["avoid_ms"] is None),
+        "avoided_by_peer_notice": sum(1 for t in trials if t.get("avoided_by") == "peer notice"),
         "failback_misses": sum(1 for t in trials if not t["lp_failback_ok"]),
         "false_failovers": len(false_ff), "false_failover_list": false_ff,
         "peer_side_down": len(peer_side), "peer_side_down_list": peer_side,
@@ -459,12 +484,21 @@ def run(args) -> dict:
         bfd_res["cpu_s_total"] = round(sum(d["cpu_s"] for d in bfd_res["daemons"]), 3)
         bfd_res["cpu_pct"] = {d["host"]: d["cpu_pct"] for d in bfd_res["daemons"]}
     comparison = None
-    if bfd_res and lp["detect_ms"]["p99"] is not None and bfd_res["detect_ms"]["p99"] is not None:
+    if bfd_res and bfd_res["detect_ms"]["p99"] is not None:
+        bd, ld, la = bfd_res["detect_ms"], lp["detect_ms"], lp["avoid_ms"]
+
+        def le(a, b):
+            return None if a is None or b is None else a <= b
+
         comparison = {
-            "p50_linkpass_le_bfdd": lp["detect_ms"]["p50"] <= bfd_res["detect_ms"]["p50"],
-            "p99_linkpass_le_bfdd": lp["detect_ms"]["p99"] <= bfd_res["detect_ms"]["p99"],
-            "p50_speedup": round(bfd_res["detect_ms"]["p50"] / max(lp["detect_ms"]["p50"], 1e-3), 2),
-            "p99_speedup": round(bfd_res["detect_ms"]["p99"] / max(lp["detect_ms"]["p99"], 1e-3), 2),
+            "p50_linkpass_le_bfdd": le(ld["p50"], bd["p50"]),
+            "p99_linkpass_le_bfdd": le(ld["p99"], bd["p99"]),
+            "avoid_p50_le_bfdd": le(la["p50"], bd["p50"]),
+            "avoid_p99_le_bfdd": le(la["p99"], bd["p99"]),
+            "p50_speedup": None if ld["p50"] is None else round(bd["p50"] / max(ld["p50"], 1e-3), 2),
+            "p99_speedup": None if ld["p99"] is None else round(bd["p99"] / max(ld["p99"], 1e-3), 2),
+            "avoid_p50_speedup": None if la["p50"] is None else round(bd["p50"] / max(la["p50"], 1e-3), 2),
+            "avoid_p99_speedup": None if la["p99"] is None else round(bd["p99"] / max(la["p99"], 1e-3), 2),
         }
     return {
         "schema": SCHEMA,
@@ -501,10 +535,11 @@ def print_report(r: dict) -> None:
     f = (lambda x: "-" if x is None else f"{x:.3f}")
     lp = r["linkpass"]
     hwm = max(d["vmhwm_mb"] for d in lp["daemons"])
-    for k, fig in enumerate(("detect_ms", "path_down_ms", "reroute_ms")):
+    for k, fig in enumerate(("detect_ms", "avoid_ms", "path_down_ms", "reroute_ms")):
         s = lp[fig]
+        miss = lp["misses"] if k == 0 else lp["avoid_misses"] if k == 1 else ""
         t.add_row(f"linkpass {fig}", str(s["n"]), f(s["p50"]), f(s["p99"]), f(s["max"]),
-                  ("-" if lp["misses"] is None else str(lp["misses"])) if k == 0 else "", f"{lp['cpu_s_total']:.3f}" if k == 0 else "", f"{hwm:.1f}" if k == 0 else "")
+                  "-" if miss is None else str(miss), f"{lp['cpu_s_total']:.3f}" if k == 0 else "", f"{hwm:.1f}" if k == 0 else "")
     b = r["bfdd"]
     if b:
         s = b["detect_ms"]
@@ -523,6 +558,9 @@ def print_report(r: dict) -> None:
             f"(damping {'on' if p.get('damping') else 'off'}; per trial: {[t['route_changes_in_fault'] for t in r['trials']]})")
     if r["comparison"]:
         cm = r["comparison"]
+        c.print(f"  bfdd/linkpass avoid: p50 x{cm['avoid_p50_speedup']}, p99 x{cm['avoid_p99_speedup']}; "
+                f"avoid p50 <= bfdd p50: {cm['avoid_p50_le_bfdd']}, p99 <= bfdd p99: {cm['avoid_p99_le_bfdd']} "
+                f"({lp['avoided_by_peer_notice']} trials avoided by the peer's notice first)")
         c.print(f"  bfdd/linkpass detect: p50 x{cm['p50_speedup']}, p99 x{cm['p99_speedup']}; "
                 f"linkpass p50 <= bfdd p50: {cm['p50_linkpass_le_bfdd']}, p99 <= bfdd p99: {cm['p99_linkpass_le_bfdd']}")
     if b:
