@@ -59,7 +59,7 @@ RTT_NS = 50_000
 SCHEMA = "linkpass.bench.loss_curve/v1"
 #: name -> (lossy_loss, lossy_alpha); None: the sequential test off (BFD's rule alone)
 SETTINGS = {"bfd-only": None, "p1=0.2/a=1e-9": (0.2, 1e-9), "p1=0.3/a=1e-9": (0.3, 1e-9),
-            "p1=0.3/a=1e-7": (0.3, 1e-7), "p1=0.3/a=1e-5": (0.3, 1e-5)}
+            "p1=0.3/a=1e-7": (0.3, 1e-7), "p1=0.3/a=1e-6": (0.3, 1e-6), "p1=0.3/a=1e-5": (0.3, 1e-5)}
 
 
 def config_text(rails: int, peers: int, interval_ms: int, multiplier: int, hold_down_ms: int) -> str:

@@ -178,8 +178,8 @@ class ProbeSection(_Strict):
                                       "sequential lossy test (0.04: 2 % lost in each direction).")
     lossy_loss: FiniteFloat = Field(0.3, gt=0, lt=1, description="Per-probe loss of a path to leave: H1 of the lossy test; a "
                                     "rail whose paths lose this much goes DOWN like a dead one (Page's CUSUM of Wald's SPRT).")
-    lossy_alpha: FiniteFloat = Field(1e-7, gt=0, le=0.01, description="Bound on the lossy test's false alarms per probe at "
-                                     "healthy_loss (threshold ln(1/alpha); 1e-7: at most 0.006 per path in 10 min at 100 probes/s).")
+    lossy_alpha: FiniteFloat = Field(1e-6, gt=0, le=0.01, description="Bound on the lossy test's false alarms per probe at "
+                                     "healthy_loss (threshold ln(1/alpha); 1e-6: at most 0.06 per path in 10 min at 100 probes/s).")
     lossy_clear_alpha: FiniteFloat = Field(1e-3, gt=0, le=0.1, description="Bound on a lossy path's wrong clears per probe at "
                                            "lossy_loss (recovery needs ln(1/alpha) of evidence: 22 answers in a row at 1e-3).")
 
