@@ -252,7 +252,7 @@ class Controller:
             return  # judged against the rail the rebuild chooses, once it is done
         if not n.affects(self.rail):
             return
-        self.request("notice", f"daemon notice generation {n.generation}: rails {sorted(n.affected_rails)} broken"
+        self.request("notice", f"daemon notice generation {n.generation}: rails {sorted(n.affected_rails)} unusable"
                      f"{' (' + n.reason + ')' if n.reason else ''}", abort=True)
 
     def _on_group_fault(self, g: Any, err: BaseException) -> None:

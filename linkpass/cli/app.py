@@ -154,8 +154,10 @@ def _status_lines(st: dict, max_clients: int = 8) -> list[str]:
         out.append(f"snapshots of job {job}: {j.get('ok')} ok, {j.get('failed')} failed; last {what} at step "
                    f"{last.get('step')} ({res}), {last.get('age_s')} s ago")
     for v in st.get("at_risk") or []:
-        who = f"rail {v.get('subject')}" if v.get("subject_kind") == "rail" else f"GPU {v.get('subject')}"
-        out.append(f"AT RISK: {who}: {v.get('summary')} (rule {v.get('rule')}); {v.get('action')}")
+        who = f"{v.get('subject_kind')} {v.get('subject')}"
+        what = str(v.get("summary") or v.get("rule"))
+        what = what.removeprefix(f"{who} at risk: ")  # the tracker's summary names the subject too
+        out.append(f"AT RISK: {'GPU' if v.get('subject_kind') == 'gpu' else 'rail'} {v.get('subject')}: {what}; {v.get('action')}")
     counts = st.get("incident_counts")
     if counts is not None:
         srcs = ",".join(sorted(st.get("device_sources") or {})) or "none"
@@ -303,7 +305,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "running job, then a fresh run resumed from it with linkpass exec --resume), at-risk (a rail's error "
                    "counters climb: the daemon drains it and the job leaves it before it is cut). rebuild / "
                    "guard-device-fault: the same with the explicit LinkPassGuard API (linkpass.lab.demo_train)")
-    d.add_argument("--script", metavar="FILE", help="the training script for rail / rail-latched / device-fault / snapshot "
+    d.add_argument("--script", metavar="FILE", help="the training script for rail / rail-latched / device-fault / snapshot / at-risk "
                    "(default examples/ddp_train.py); run unchanged, one worker per host")
     d.add_argument("--script-args", metavar="ARGS", default=None,
                    help="arguments for --script, one string (default for the example: %r)" % "--epochs 3 --samples 16384 "

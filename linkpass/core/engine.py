@@ -337,7 +337,7 @@ class Engine:
                 return []
             entry["action"] = "drain" if ev.at_risk else "undrain (hold-down, then failback)"
             if not again:
-                t = h.on_drain(ev.at_risk, now_ns, AT_RISK, f"at risk: {ev.summary}")
+                t = h.on_drain(ev.at_risk, now_ns, AT_RISK, f"at risk: {ev.rule} (linkpass status: AT RISK)")
                 if t:
                     self._record_transition(t, now_ns)
         elif ev.kind == "gpu":

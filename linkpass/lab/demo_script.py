@@ -321,7 +321,7 @@ class ScriptDemo(RebuildDemo):
         fab.heal(self.name, host, rail)
         out = self._summary(ref, res, steps, {"host": host, "rail": rail, "mode": self.mode, "step_at_fault": step_at_fault,
                                               "step_at_cut": step_at_cut, "counter": "port_rcv_errors",
-                                              "injected": {k: inj.get(k) for k in ("from", "to")}}, t_drain)
+                                              "counter_from": inj.get("from"), "counter_to": inj.get("to")}, t_drain)
         after_cut = sum(1 for r in res for e in r.get("rebuilds", []) if (e.get("trigger_t_ns") or 0) >= t_cut)
         out.update(at_risk={**verdict, "verdict_ms": round((t_drain - t_inject) / 1e6, 3),
                             "lead_time_ms": round((t_cut - t_drain) / 1e6, 3)},
@@ -460,13 +460,16 @@ def print_summary(r: dict) -> None:
         t.add_row("restored weights match the snapshot", str(r["restored_weights_match"]))
     if r["scenario"] == "at-risk":
         v = r["at_risk"]
-        t.add_row("at risk", f"{v.get('summary')} (rule {v.get('rule')}): drained {v['verdict_ms']:.0f} ms after the first "
-                  f"injected error, {v['lead_time_ms']:.0f} ms before the cut")
+        t.add_row("at risk", f"{v.get('summary')}: drained {v['verdict_ms']:.0f} ms after the first injected error, "
+                  f"{v['lead_time_ms']:.0f} ms before the cut")
+        t.add_row("leaving the drained rail", f"a planned rebuild at a step boundary, {r['recovery_ms']} ms from the drain to "
+                  f"the last rank's first step on the new rail (the longest step of the run, below, is likely this one)")
         t.add_row("at the cut", f"{r['rebuilds_after_cut']} rebuilds, longest gap between steps {r['stall_at_cut_ms']} ms")
     t.add_row("fault", json.dumps(r["fault"]))
     t.add_row("steps / lost", f"{r['steps']} / {r['steps_lost']}")
     t.add_row("weights match reference", str(r["weights_match_reference"]))
-    t.add_row("restore (DCP load, slowest rank)" if snap else "recovery (fault -> training resumed)", f"{r['recovery_ms']} ms")
+    if r["scenario"] != "at-risk":
+        t.add_row("restore (DCP load, slowest rank)" if snap else "recovery (fault -> training resumed)", f"{r['recovery_ms']} ms")
     t.add_row("longest step (stall)", f"{r['max_step_stall_ms']} ms (median {r['median_step_ms']} ms)")
     t.add_row("protected modules", ", ".join(f"{m['kind']}:{m['class']} ({m['numel']} params)" for m in r["protected_modules"]))
     t.add_row("script sha256", r["script_sha256"][:16] + "...")

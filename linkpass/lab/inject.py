@@ -217,8 +217,8 @@ def _counters_parser():
     g.add_argument("--gpu", metavar="G", help="emulated GPU index")
     p.add_argument("--counter", help="counter name (default port_rcv_errors for a rail, aer_correctable for a GPU)")
     p.add_argument("--add", metavar="N", help="add N at once (instead of --rate/--for)")
-    p.add_argument("--rate", default="100", metavar="PER_S", help="increase per second (default 100)")
-    p.add_argument("--for", dest="duration", default="10", metavar="S", help="seconds to keep climbing (default 10)")
+    p.add_argument("--rate", metavar="PER_S", help="increase per second (default 100)")
+    p.add_argument("--for", dest="duration", metavar="S", help="seconds to keep climbing (default 10; the command returns then)")
     p.add_argument("--name", default="lp", help="fabric name (default lp)")
     p.add_argument("--json", action="store_true", help="print one JSON line instead of the human line")
     return p
@@ -235,8 +235,10 @@ def _cmd_counters(rest) -> int:
         raise InjectError("say what climbs: --rail R or --gpu G")
     kind, subject = ("rail", _int("rail", o.rail, 0, 63)) if o.rail is not None else ("gpu", _int("gpu", o.gpu, 0, MAX_GPUS - 1))
     add = _int("add", o.add, 1, 2**31) if o.add is not None else None
+    if add is not None and (o.rate is not None or o.duration is not None):
+        raise InjectError("--add N raises the counter at once: leave --rate and --for out")
     try:
-        rate, duration = float(o.rate), float(o.duration)
+        rate, duration = float(o.rate or 100), float(o.duration or 10)
     except ValueError:
         raise InjectError(f"--rate and --for must be numbers, got {o.rate!r} and {o.duration!r}") from None
     if not (0 < rate <= 1e7 and 0 < duration <= 3600):
@@ -281,5 +283,6 @@ def register(sub) -> None:
                        "linkpass inject counters --host I --rail R | --gpu G [--counter C] [--rate N --for S | --add N]: "
                        "make a rail's or GPU's error counters climb")
     p.add_argument("kind", nargs="?", help="device-fault or counters (`linkpass inject KIND --help` for its options)")
-    p.add_argument("rest", nargs=argparse.REMAINDER, help="--host I --gpu G [--xid 79] [--name NAME] [--json]")
+    p.add_argument("rest", nargs=argparse.REMAINDER, help="device-fault: --host I --gpu G [--xid 79] [--name NAME] [--json]; "
+                   "counters: --host I --rail R | --gpu G [--counter C] [--rate N --for S | --add N] [--name NAME] [--json]")
     p.set_defaults(func=cmd_inject)

@@ -34,7 +34,7 @@ def history(acts):
 def test_rail_at_risk_is_drained_by_the_plan_and_fails_back_after_hold_down():
     eng = started()
     acts = eng.handle(risk("rail", 0, True, S), S)
-    assert eng.rails[0].state == RailState.DRAINED and "at risk: symbol_error" in eng.rails[0].reason
+    assert eng.rails[0].state == RailState.DRAINED and eng.rails[0].reason.startswith("at risk: ib.symbol_error.rate")
     assert notices(acts)[0].usable == frozenset({1})
     assert {nh.rail for r in applies(acts)[0].routes for nh in r.nexthops} == {1}
     (e,) = [e for e in history(acts) if e.kind == "at_risk"]
@@ -140,6 +140,8 @@ def test_linkpass_status_says_what_is_at_risk_and_what_was_done():
     eng.handle(risk("rail", 1, True, S), S)
     eng.handle(risk("gpu", 2, True, S), S)
     lines = [x for x in _status_lines({"hooks": {}, "at_risk": eng.status(S)["at_risk"]}) if x.startswith("AT RISK")]
-    assert lines == ["AT RISK: GPU 2: symbol_error 40 per hour over 3600 s (rule ib.symbol_error.rate); move the rank "
-                     "to a spare at the next step boundary",
-                     "AT RISK: rail 1: symbol_error 40 per hour over 3600 s (rule ib.symbol_error.rate); drain"]
+    assert lines == ["AT RISK: GPU 2: symbol_error 40 per hour over 3600 s; move the rank to a spare at the next step boundary",
+                     "AT RISK: rail 1: symbol_error 40 per hour over 3600 s; drain"]
+    st = eng.status(S)["at_risk"]
+    st[1]["summary"] = "rail 1 at risk: symbol_error 40 per hour"
+    assert _status_lines({"hooks": {}, "at_risk": st})[1] == "AT RISK: rail 1: symbol_error 40 per hour; drain"
