@@ -144,4 +144,5 @@ def test_linkpass_status_says_what_is_at_risk_and_what_was_done():
                      "AT RISK: rail 1: symbol_error 40 per hour over 3600 s; drain"]
     st = eng.status(S)["at_risk"]
     st[1]["summary"] = "rail 1 at risk: symbol_error 40 per hour"
-    assert _status_lines({"hooks": {}, "at_risk": st})[1] == "AT RISK: rail 1: symbol_error 40 per hour; drain"
+    assert [x for x in _status_lines({"hooks": {}, "at_risk": st}) if x.startswith("AT RISK")][1] == \
+        "AT RISK: rail 1: symbol_error 40 per hour; drain"
