@@ -68,7 +68,8 @@ both ranks), ``--size-steps`` steps (default 10), a snapshot every ``--size-ever
   snapshot's step; ``time_lost_s`` = faulted wall time - the fault-free wall time of the same
   command; ``weights_match_fault_free``: final weights bitwise equal per rank.  A restarted group
   that fails, or does no step within ``--restart-timeout-s`` (hung: the workers' stacks go to its
-  log, SIGUSR1), is recorded in ``restart_failures`` and the pair repeated (``--restart-retries``).
+  log, SIGUSR1), is recorded in ``restart_failures`` (with ``cause``, the log's last error line)
+  and the pair repeated (``--restart-retries``).
 * ``linkpass_spare``: ``linkpass demo --scenario device-fault --script examples/fsdp2_train.py
   --memory-every N`` (Xid 79 at about 30 % of the run; a warm spare takes the rank, every rank
   rolls back to the newest in-memory snapshot held by its peer, the spare's part from the peer's
@@ -550,6 +551,19 @@ def _restart_job(args, work: Path, tag: str, kill_at: int | None) -> dict:
     return out
 
 
+def _failure_cause(log_path: Path) -> str | None:
+    """The last line of a failed job's log that names an error, outside torchrun's failure
+    table (which only says which rank exited with which status)."""
+    try:
+        lines = log_path.read_text(errors="replace").splitlines()
+    except OSError:
+        return None
+    words = ("Error", "error:", "failed", "linkpass:", "Traceback")
+    hits = [ln.strip() for ln in lines if any(w in ln for w in words) and "ChildFailedError" not in ln
+            and "elastic/errors.html" not in ln]
+    return hits[-1][:300] if hits else None
+
+
 def part_c(args, work: Path, log) -> dict:
     steps = args.epochs * (args.samples // 2 // args.batch_size)
     kill_at = max(1, int(steps * args.fault_frac))
@@ -563,7 +577,8 @@ def part_c(args, work: Path, log) -> dict:
             raise BenchError(f"(c) the fault-free job failed (exit {ref['rc']}, log {ref['log']}):\n{ref['tail']}")
         f = _restart_job(args, work, f"c-kill-{attempt}", kill_at)
         if f["rc"] != 0 or f.get("kill_to_first_step_s") is None:
-            failures.append({"rc": f["rc"], "hung": f.get("hung"), "log": f["log"], "tail": (f.get("tail") or "")[-300:]})
+            failures.append({"rc": f["rc"], "hung": f.get("hung"), "log": f["log"], "tail": (f.get("tail") or "")[-300:],
+                             "cause": _failure_cause(Path(f["log"]))})
             log(f"  (c) torchrun restart failed (exit {f['rc']}), repeated: {f['log']}")
             continue
         res = [r.get("resume") or {} for r in f["reports"]]
@@ -771,13 +786,13 @@ def main(argv: list[str] | None = None, args=None) -> int:
         if getattr(args, attr) <= 0:
             print(f"{PROG}: --{attr.replace('_', '-')} must be positive, got {getattr(args, attr)}", file=sys.stderr)
             return 2
+    raw = str(args.memory_every)
     try:
-        args.memory_every = sorted({int(k) for k in str(args.memory_every).split(",") if k.strip()})
+        args.memory_every = sorted({int(k) for k in raw.split(",") if k.strip()})
     except ValueError:
-        print(f"{PROG}: --memory-every {args.memory_every!r}: comma-separated positive integers", file=sys.stderr)
-        return 2
+        args.memory_every = []
     if not args.memory_every or min(args.memory_every) <= 0:
-        print(f"{PROG}: --memory-every {args.memory_every!r}: comma-separated positive integers", file=sys.stderr)
+        print(f"{PROG}: --memory-every {raw!r}: comma-separated positive integers (steps)", file=sys.stderr)
         return 2
     if not args.widths or min(args.widths) <= 0:
         print(f"{PROG}: --widths {args.widths!r}: comma-separated positive integers", file=sys.stderr)
