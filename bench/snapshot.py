@@ -19,12 +19,22 @@ monotonic clock), never timed from outside; the job's step time is the slower ra
   (``dcp.async_save`` into ``D``: a copy to CPU memory at the step boundary, the write in a thread);
 * ``sync_torch_save``: the peer, ``bench/_fsdp2_peer.py`` (the example plus ``torch.save(
   get_state_dict(model, optimizer))`` of each rank's shards every N steps, training waits);
-* ``in_memory``: ``--snapshot-every N --snapshot-in-memory``, only when ``linkpass exec --help``
-  lists ``--snapshot-in-memory``; otherwise skipped with a note.
+* ``in_memory``: ``--snapshot-in-memory --snapshot-memory-every N`` (no disk snapshot): each
+  rank copies its shards to CPU memory at the boundary (the stall), a thread serialises the copy
+  into tmpfs and sends it through the job's store to its holder; only when ``linkpass exec
+  --help`` lists ``--snapshot-in-memory``, otherwise skipped with a note;
+* ``in_memory_every_K`` for each ``--memory-every`` K (default 5,10,25) other than N: the
+  interval knob.
 
 Per mode: ``step_ms`` (p50, p99, mean, max over the steps after ``--warmup``), ``snapshot_step_ms``
-(the steps whose interval holds a snapshot: the one ending at step S+1 for S a multiple of N),
-``train_s`` (sum of the step intervals), and ratios to ``none`` (p50, p99, mean).
+(the steps whose interval holds a snapshot: the one ending at step S+1 for S a multiple of the
+mode's interval), ``train_s`` (sum of the step intervals), and ratios to ``none`` (p50, p99,
+mean); the in-memory modes add ``memory_every`` and ``snapshots`` from the hook's
+``memory_snapshots`` events (``stall_ms``; ``write_ms``: boundary -> part sent into the store;
+``bytes``: both ranks' parts).  ``memory_intervals``: per K the cost (``extra_ms_per_step_mean``,
+ratios) next to the steps a rollback redoes (``lag_steps``: steps before a snapshot is usable,
+measured; ``steps_redone_mean_uniform_fault`` and ``steps_redone_max`` derived from it, see
+:func:`memory_intervals`).
 
 **(b) snapshot and restore time against state size**: ``bench/_fsdp2_peer.py --width W`` for each
 ``--widths`` (default 256,1600,4096: about 1, 32 and 205 MB of fp32 parameters + AdamW moments,
@@ -38,7 +48,10 @@ both ranks), ``--size-steps`` steps (default 10), a snapshot every ``--size-ever
 * ``restore``: ``linkpass exec --resume D`` (the newest complete snapshot): ``restore_ms`` from
   the hook's report (``resume.restore_ms``: dcp.load + set_state_dict + RNG, at the snapshot's
   batch), the slower rank;
-* ``in_memory``: as ``async_dcp`` with ``--snapshot-in-memory`` when available.
+* ``in_memory``: ``--snapshot-in-memory --snapshot-memory-every`` ``--size-every`` when
+  available: per snapshot the slower rank's ``stall_ms`` (copy to CPU memory) and ``write_ms``
+  (boundary -> serialised into tmpfs and put in the store for the holder), both ranks' ``bytes``.
+  Restoring from peer memory happens only after a device fault: part (c), one size.
 
 **(c) device fault of the sharded job**:
 
@@ -55,14 +68,22 @@ both ranks), ``--size-steps`` steps (default 10), a snapshot every ``--size-ever
   snapshot's step; ``time_lost_s`` = faulted wall time - the fault-free wall time of the same
   command; ``weights_match_fault_free``: final weights bitwise equal per rank.  A restarted group
   that fails, or does no step within ``--restart-timeout-s`` (hung: the workers' stacks go to its
-  log, SIGUSR1), is recorded in ``restart_failures`` and the pair repeated (``--restart-retries``).
-* ``linkpass_spare``: ``linkpass demo --scenario device-fault --script examples/fsdp2_train.py``
-  (a warm spare takes the rank and restores the shard from peer memory).  Run only as root with
-  ``--device-fault-demo auto``; the demo's figures when it passes, else ``available: false`` and
-  its last line (the hook refused sharded device faults before in-memory copies existed).
+  log, SIGUSR1), is recorded in ``restart_failures`` (with ``cause``, the log's last error line)
+  and the pair repeated (``--restart-retries``).
+* ``linkpass_spare``: ``linkpass demo --scenario device-fault --script examples/fsdp2_train.py
+  --memory-every N`` (Xid 79 at about 30 % of the run; a warm spare takes the rank, every rank
+  rolls back to the newest in-memory snapshot held by its peer, the spare's part from the peer's
+  copy): ``recovery``, ``recovery_ms`` (fault -> the slowest rank's next step), ``steps_redone``,
+  ``step_at_fault`` (the demo's progress when it wrote the Xid), ``step_at_rollback`` (the step
+  the ranks had reached when they acted on it), ``rollback_step``, ``replay_ms``, ``steps_lost``, ``weights_match_reference`` (bitwise,
+  against the demo's own fault-free run).  ``linkpass_spare_by_interval``: the same at each
+  ``--memory-every`` K (one fault each, so ``steps_redone`` is one sample of the phase of the
+  fault against K).  Run only as root with ``--device-fault-demo auto``, else ``available:
+  false`` and why.
 
 Prints the figures and writes JSON (``--json``); asserts nothing, judges no timing.  Needs no
-root except the ``linkpass_spare`` mode.  About 3-4 minutes on 2 cores with the defaults.
+root except the ``linkpass_spare`` mode.  About 7-8 minutes on 2 busy cores with the defaults
+(each device-fault demo about 45 s).
 """
 
 from __future__ import annotations
@@ -303,29 +324,109 @@ def part_a(args, work: Path, in_memory: bool, log) -> dict:
         "async_dcp": {"script": [str(EXAMPLE), *ex_args], "exec": every},
         "sync_torch_save": {"script": [str(PEER), *ex_args, "--save-every", str(args.every)], "exec": []},
     }
-    if in_memory:
-        modes["in_memory"] = {"script": [str(EXAMPLE), *ex_args], "exec": every + ["--snapshot-in-memory"]}
+    if in_memory:  # in-memory only (no disk snapshot), at the same interval as the other modes
+        modes["in_memory"] = {"script": [str(EXAMPLE), *ex_args], "memory_every": args.every,
+                              "exec": ["--snapshot-in-memory", "--snapshot-memory-every", str(args.every)]}
+        for k in args.memory_every:  # the interval knob; the one equal to --every is the in_memory job itself
+            if k != args.every:
+                modes[f"in_memory_every_{k}"] = {"script": [str(EXAMPLE), *ex_args], "memory_every": k,
+                                                 "exec": ["--snapshot-in-memory", "--snapshot-memory-every", str(k)]}
     out: dict = {"script": "examples/fsdp2_train.py", "script_args": ex_args, "every": args.every, "modes": {},
                  "notes": [] if in_memory else ["in_memory skipped: `linkpass exec --help` does not list --snapshot-in-memory"]}
     for name, m in modes.items():
         exec_args = list(m["exec"])
-        if exec_args:
+        if name == "async_dcp":
             exec_args += ["--snapshot-dir", str(work / f"a-{name}" / "snaps"), "--snapshot-keep", "2"]
         job = Job(work, f"a-{name}", m["script"], exec_args)
         reports = job.run(args.timeout_s)
-        f = step_figures(reports, args.warmup, args.every if name != "none" else 0)
+        f = step_figures(reports, args.warmup, m.get("memory_every", args.every) if name != "none" else 0)
         f["wall_s"] = job.wall_s()
-        if name in ("async_dcp", "in_memory"):
+        if name == "async_dcp":
             f["snapshots"] = snapshot_figures(reports)
+        elif "memory_every" in m:
+            f["memory_every"] = m["memory_every"]
+            f["snapshots"] = memory_figures(reports, job)
+            if not f["snapshots"]["ok"]:
+                raise BenchError(f"a-{name}: no in-memory snapshot was sent on every rank "
+                                 f"({'; '.join(f['snapshots']['notes']) or 'no line from the hook'}; log {job.log})")
         elif name == "sync_torch_save":
             f["saves"] = _save_figures(job.saves())
         out["modes"][name] = f
-        log(f"  (a) {name:16s} step p50 {f['step_ms']['p50']} ms, p99 {f['step_ms']['p99']} ms, "
+        log(f"  (a) {name:18s} step p50 {f['step_ms']['p50']} ms, p99 {f['step_ms']['p99']} ms, "
             f"mean {f['step_ms']['mean']} ms ({f['steps']} steps, {f['wall_s']} s)")
     base = out["modes"]["none"]["step_ms"]
     for name, f in out["modes"].items():
         f["ratio_to_none"] = {k: _ratio(f["step_ms"][k], base[k]) for k in ("p50", "p99", "mean")}
+    if in_memory:
+        out["memory_intervals"] = memory_intervals(out["modes"], base)
     return out
+
+
+def memory_intervals(modes: dict, base: dict) -> list[dict]:
+    """Per in-memory interval K (the knob): its step-time cost next to ``none`` and the steps a
+    rollback redoes.  The redo figures follow from how the hook picks the snapshot
+    (torch_hooks/memsnap.py, ``usable_step``: the newest step whose every part is held by its
+    holder): a snapshot taken at step S becomes usable ``lag_steps`` steps later, so a fault at
+    step c goes back to the newest multiple of K at or below c - lag_steps and redoes
+    lag_steps + ((c - lag_steps) mod K) steps: (K-1)/2 + lag_steps on average over a uniformly
+    random c, at most K - 1 + lag_steps, each plus the step in progress.  ``lag_steps`` comes
+    from the measurements: the p50 of boundary -> part sent into the store (``write_ms``) plus
+    the holder's whole poll period (POLL_S; so an upper estimate), over the job's step p50,
+    rounded up.  This holds while a copy is sent within K steps; otherwise the hook drops the
+    older one and the figures are None with a note.  Part (c) has one measured fault per K."""
+    import math
+
+    from torch_hooks import memsnap
+
+    rows = []
+    for name, f in modes.items():
+        k = f.get("memory_every")
+        if k is None:
+            continue
+        sn, p50 = f["snapshots"], f["step_ms"]["p50"]
+        w = sn["write_ms"]["p50"]
+        lag = None if w is None or not p50 else math.ceil((w + memsnap.POLL_S * 1000) / p50)
+        slow = w is not None and bool(p50) and math.ceil(w / p50) >= k
+        rows.append({"memory_every": k, "mode": name, "step_ms": f["step_ms"], "ratio_to_none": f["ratio_to_none"],
+                     "extra_ms_per_step_mean": _r(f["step_ms"]["mean"] - base["mean"]),
+                     "snapshot_step_ms_p50": (f.get("snapshot_step_ms") or {}).get("p50"),
+                     "stall_ms_p50": sn["stall_ms"]["p50"], "write_ms_p50": w, "bytes": sn["bytes"],
+                     "taken": sn["count"], "sent": sn["ok"], "lag_steps": lag,
+                     "steps_redone_mean_uniform_fault": None if lag is None or slow else round((k - 1) / 2 + lag, 1),
+                     "steps_redone_max": None if lag is None or slow else k - 1 + lag,
+                     "note": "sending a copy takes K steps or more: the hook drops snapshots" if slow else None})
+    return sorted(rows, key=lambda x: x["memory_every"])
+
+
+def memory_figures(reports: list[dict], job: "Job | None" = None) -> dict:
+    """The hook's in-memory snapshot events of one job (``memory_snapshots`` of each report:
+    ``memory_snapshot`` at the boundary with ``stall_ms``, the copy to CPU memory; then
+    ``memory_snapshot_sent`` with ``write_ms``, boundary -> part serialised into this host's tmpfs
+    and put in the store for its holder, and ``bytes``, the rank's part).  Per snapshot the slower
+    rank's stall and write and both ranks' bytes; ``ok``: sent by every rank.  ``notes``: the
+    hook's lines about in-memory snapshots in the job's log (off, dropped)."""
+    by_step: dict[int, dict] = {}
+    for r in reports:
+        for e in r.get("memory_snapshots") or []:
+            d = by_step.setdefault(e["step"], {"taken": [], "sent": []})
+            d["taken" if e.get("event") == "memory_snapshot" else "sent"].append(e)
+    snaps = []
+    for step, d in sorted(by_step.items()):
+        snaps.append({"step": step, "ok": len(d["sent"]) == len(reports) and len(d["taken"]) == len(reports),
+                      "stall_ms": max((e.get("stall_ms") or 0.0) for e in d["taken"]) if d["taken"] else None,
+                      "write_ms": max((e.get("write_ms") or 0.0) for e in d["sent"]) if d["sent"] else None,
+                      "bytes": sum((e.get("bytes") or 0) for e in d["sent"])})
+    ok = [s for s in snaps if s["ok"]]
+    notes = []
+    if job is not None:
+        try:
+            notes = sorted({ln.strip()[:300] for ln in job.log.read_text(errors="replace").splitlines()
+                            if "in-memory snapshot" in ln})
+        except OSError:
+            pass
+    return {"count": len(snaps), "ok": len(ok),
+            "stall_ms": summary([s["stall_ms"] for s in ok]), "write_ms": summary([s["write_ms"] for s in ok]),
+            "bytes": max((s["bytes"] for s in ok), default=None), "snapshots": snaps, "notes": notes}
 
 
 def _save_figures(saves: list[dict]) -> dict:
@@ -366,14 +467,17 @@ def part_b(args, work: Path, in_memory: bool, log) -> dict:
                           if all(res) else None, "restore_ms_per_rank": [x.get("restore_ms") for x in res],
                           "wall_s": j.wall_s()}
         if in_memory:
-            j = Job(work, f"b-{w}-mem", sargs, ["--snapshot-every", str(args.size_every), "--snapshot-in-memory",
-                                                 "--snapshot-dir", str(work / f"b-{w}-mem" / "snaps")])
-            row["in_memory"] = snapshot_figures(j.run(args.timeout_s))
+            j = Job(work, f"b-{w}-mem", sargs, ["--snapshot-in-memory", "--snapshot-memory-every", str(args.size_every)])
+            rep = j.run(args.timeout_s)
+            row["in_memory"] = memory_figures(rep, j)
+            row["in_memory"]["step_ms_p50"] = _r(quantile(_job_steps(rep), 0.5))
         out["sizes"].append(row)
         a, s = row["async_dcp"], row["sync_torch_save"]
         log(f"  (b) width {w:5d} ({row['state_mb']:.1f} MB): async_dcp stall p50 {a['stall_ms']['p50']} ms, write p50 "
             f"{a['write_ms']['p50']} ms, {a['bytes']} B; torch.save p50 {s['ms']['p50']} ms, {s['bytes']} B; "
-            f"restore {row['restore']['restore_ms']} ms")
+            f"restore {row['restore']['restore_ms']} ms"
+            + (f"; in-memory stall p50 {row['in_memory']['stall_ms']['p50']} ms, send p50 "
+               f"{row['in_memory']['write_ms']['p50']} ms" if "in_memory" in row else ""))
     return out
 
 
@@ -447,6 +551,19 @@ def _restart_job(args, work: Path, tag: str, kill_at: int | None) -> dict:
     return out
 
 
+def _failure_cause(log_path: Path) -> str | None:
+    """The last line of a failed job's log that names an error, outside torchrun's failure
+    table (which only says which rank exited with which status)."""
+    try:
+        lines = log_path.read_text(errors="replace").splitlines()
+    except OSError:
+        return None
+    words = ("Error", "error:", "failed", "linkpass:", "Traceback")
+    hits = [ln.strip() for ln in lines if any(w in ln for w in words) and "ChildFailedError" not in ln
+            and "elastic/errors.html" not in ln]
+    return hits[-1][:300] if hits else None
+
+
 def part_c(args, work: Path, log) -> dict:
     steps = args.epochs * (args.samples // 2 // args.batch_size)
     kill_at = max(1, int(steps * args.fault_frac))
@@ -460,7 +577,8 @@ def part_c(args, work: Path, log) -> dict:
             raise BenchError(f"(c) the fault-free job failed (exit {ref['rc']}, log {ref['log']}):\n{ref['tail']}")
         f = _restart_job(args, work, f"c-kill-{attempt}", kill_at)
         if f["rc"] != 0 or f.get("kill_to_first_step_s") is None:
-            failures.append({"rc": f["rc"], "hung": f.get("hung"), "log": f["log"], "tail": (f.get("tail") or "")[-300:]})
+            failures.append({"rc": f["rc"], "hung": f.get("hung"), "log": f["log"], "tail": (f.get("tail") or "")[-300:],
+                             "cause": _failure_cause(Path(f["log"]))})
             log(f"  (c) torchrun restart failed (exit {f['rc']}), repeated: {f['log']}")
             continue
         res = [r.get("resume") or {} for r in f["reports"]]
@@ -479,22 +597,34 @@ def part_c(args, work: Path, log) -> dict:
         log(f"  (c) torchrun restart: kill -> first step {tr['kill_to_first_step_s']} s, {tr['steps_redone']} steps redone "
             f"(killed at {tr['steps_at_kill']}, resumed at {tr['resumed_step']}), time lost {tr['time_lost_s']} s, "
             f"weights match {tr['weights_match_fault_free']}")
-    out["linkpass_spare"] = linkpass_spare(args, work, log)
+    # the spare at each in-memory interval; ``linkpass_spare`` is the one at --every (the torchrun side's interval)
+    ks = sorted(set(args.memory_every) | {args.every})
+    by_k = []
+    for k in ks:
+        res = linkpass_spare(args, work, log, k)
+        by_k.append(res)
+        if not res.get("available"):
+            break  # the same reason for every interval (root, the demo off, the hook)
+    out["linkpass_spare"] = next(x for x in by_k if x.get("memory_every") == args.every) \
+        if any(x.get("memory_every") == args.every for x in by_k) else by_k[0]
+    out["linkpass_spare_by_interval"] = by_k
     return out
 
 
-def linkpass_spare(args, work: Path, log) -> dict:
-    """``linkpass demo --scenario device-fault`` with the FSDP2 example (needs root)."""
+def linkpass_spare(args, work: Path, log, every: int) -> dict:
+    """``linkpass demo --scenario device-fault --memory-every EVERY`` with the FSDP2 example
+    (needs root): a warm spare takes the faulty rank and every rank rolls back to the newest
+    in-memory snapshot held by its peer."""
     if args.device_fault_demo == "off":
         return {"available": False, "reason": "--device-fault-demo off"}
     if os.geteuid() != 0 or not all(shutil.which(t) for t in ("ip", "nft")):
         why = "needs root, ip and nft (network namespaces)"
         log(f"  (c) linkpass spare: not run: {why}")
         return {"available": False, "reason": why}
-    out = work / "c-demo.json"
+    out = work / f"c-demo-{every}.json"
     cmd = LINKPASS + ["demo", "--scenario", "device-fault", "--script", str(EXAMPLE), "--script-args",
                       f"--epochs {args.epochs} --samples {args.samples} --batch-size {args.batch_size}",
-                      "--name", args.name, "--json", str(out)]
+                      "--memory-every", str(every), "--name", args.name, "--json", str(out)]
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout_s, start_new_session=True)
     except subprocess.TimeoutExpired:
@@ -508,12 +638,21 @@ def linkpass_spare(args, work: Path, log) -> dict:
         why = next((x for x in reversed(lines) if "sharded" in x), lines[-1] if lines else f"exit {p.returncode}")
         if "the model is sharded" in why:  # the hook's own reason, without torchrun's failure table around it
             why = why[why.index("the model is sharded"):].split(";")[0]
-        log(f"  (c) linkpass spare: not available: {why.strip()[:300]}")
-        return {"available": False, "reason": why.strip()[:500], "rc": p.returncode}
-    keep = ("steps", "steps_lost", "recovery_ms", "max_step_stall_ms", "weights_match_reference")
-    res = {"available": True, **{k: r.get(k) for k in keep}}
-    log(f"  (c) linkpass spare: recovery {res['recovery_ms']} ms, {res['steps_lost']} steps lost, "
-        f"weights match {res['weights_match_reference']}")
+        log(f"  (c) linkpass spare (in-memory every {every}): not available: {why.strip()[:300]}")
+        return {"available": False, "reason": why.strip()[:500], "rc": p.returncode, "memory_every": every}
+    keep = ("steps", "steps_lost", "recovery_ms", "max_step_stall_ms", "weights_match_reference", "recovery",
+            "steps_redone", "rollback_step", "median_step_ms")
+    rb = [e for pr in (r.get("per_rank") or {}).values() for e in pr.get("recoveries") or [] if e.get("event") == "rollback"]
+    res = {"available": True, "memory_every": every, **{k: r.get(k) for k in keep},
+           # the demo's progress when it wrote the Xid, and the step the ranks had reached when they acted on it
+           "step_at_fault": (r.get("fault") or {}).get("step_at_fault"),
+           "step_at_rollback": max((e["at_step"] for e in rb if e.get("at_step") is not None), default=None),
+           "replay_ms": max((e.get("replay_ms") or 0.0) for e in rb) if rb else None,
+           "state_bytes": max((e.get("state_bytes") or 0) for e in rb) if rb else None}
+    log(f"  (c) linkpass spare (in-memory every {every}): {res['recovery']}, recovery {res['recovery_ms']} ms, "
+        f"{res['steps_redone']} steps redone (Xid at step {res['step_at_fault']}, acted on at {res['step_at_rollback']}, "
+        f"back to {res['rollback_step']}), "
+        f"{res['steps_lost']} steps lost, weights match {res['weights_match_reference']}")
     return res
 
 
@@ -573,6 +712,17 @@ def print_report(r: dict) -> None:
                   f"{'-' if ss is None else f'{ss:.3f}':>14s} {x['p50']:7.3f} {x['p99']:7.3f} {x['mean']:7.3f}")
         for n in o["notes"]:
             print(f"  note: {n}")
+        mi = o.get("memory_intervals")
+        if mi:
+            print("\n  in-memory interval K: step-time cost and steps a rollback redoes (derived from lag_steps)")
+            print(f"  {'K':>4s} {'mean ms':>8s} {'mean x':>7s} {'+ms/step':>9s} {'stall p50':>10s} {'send p50':>9s} "
+                  f"{'lag':>4s} {'redo mean':>10s} {'redo max':>9s}")
+            for m in mi:
+                print(f"  {m['memory_every']:4d} {m['step_ms']['mean']:8.3f} {m['ratio_to_none']['mean']:7.3f} "
+                      f"{m['extra_ms_per_step_mean']:9.3f} {_f(m['stall_ms_p50'], 10)} {_f(m['write_ms_p50'], 9)} "
+                      f"{m['lag_steps'] if m['lag_steps'] is not None else '-':>4} "
+                      f"{m['steps_redone_mean_uniform_fault'] if m['steps_redone_mean_uniform_fault'] is not None else '-':>10} "
+                      f"{m['steps_redone_max'] if m['steps_redone_max'] is not None else '-':>9}")
     s = r.get("sizes")
     if s:
         print(f"\n(b) snapshot and restore against state size ({s['steps']} steps, every {s['every']}; ms p50, slower rank)")
@@ -580,8 +730,10 @@ def print_report(r: dict) -> None:
         for row in s["sizes"]:
             a, t, rs = row["async_dcp"], row["sync_torch_save"], row["restore"]
             mb = None if a["bytes"] is None else a["bytes"] / 1e6
+            im = row.get("in_memory")
             print(f"  {row['width']:6d} {row['state_mb']:9.2f} {'-' if mb is None else f'{mb:.2f}':>8s} "
-                  f"{_f(a['stall_ms']['p50'])} {_f(a['write_ms']['p50'])} {_f(t['ms']['p50'], 11)} {_f(rs['restore_ms'])}")
+                  f"{_f(a['stall_ms']['p50'])} {_f(a['write_ms']['p50'])} {_f(t['ms']['p50'], 11)} {_f(rs['restore_ms'])}"
+                  + (f"   in-memory stall {_f(im['stall_ms']['p50'])} send {_f(im['write_ms']['p50'])}" if im else ""))
         for n in s["notes"]:
             print(f"  note: {n}")
     c = r.get("device_fault")
@@ -597,12 +749,14 @@ def print_report(r: dict) -> None:
             print(f"  torchrun restart: {t['reason']}")
         if c["restart_failures"]:
             print(f"  restart failures: {len(c['restart_failures'])}")
-        lp = c["linkpass_spare"]
-        if lp.get("available"):
-            print(f"  linkpass spare: recovery {lp['recovery_ms']} ms, {lp['steps_lost']} steps lost, "
-                  f"weights match: {lp['weights_match_reference']}")
-        else:
-            print(f"  linkpass spare: not available ({lp['reason']})")
+        for lp in c.get("linkpass_spare_by_interval") or [c["linkpass_spare"]]:
+            if lp.get("available"):
+                print(f"  linkpass spare, in-memory every {lp['memory_every']}: {lp['recovery']}, recovery "
+                      f"{lp['recovery_ms']} ms, {lp['steps_redone']} steps redone (Xid at {lp['step_at_fault']}, acted on at "
+                      f"{lp['step_at_rollback']}, back to {lp['rollback_step']}), {lp['steps_lost']} lost, weights match: "
+                      f"{lp['weights_match_reference']}")
+            else:
+                print(f"  linkpass spare: not available ({lp['reason']})")
 
 
 def _f(x, w: int = 8) -> str:
@@ -632,6 +786,14 @@ def main(argv: list[str] | None = None, args=None) -> int:
         if getattr(args, attr) <= 0:
             print(f"{PROG}: --{attr.replace('_', '-')} must be positive, got {getattr(args, attr)}", file=sys.stderr)
             return 2
+    raw = str(args.memory_every)
+    try:
+        args.memory_every = sorted({int(k) for k in raw.split(",") if k.strip()})
+    except ValueError:
+        args.memory_every = []
+    if not args.memory_every or min(args.memory_every) <= 0:
+        print(f"{PROG}: --memory-every {raw!r}: comma-separated positive integers (steps)", file=sys.stderr)
+        return 2
     if not args.widths or min(args.widths) <= 0:
         print(f"{PROG}: --widths {args.widths!r}: comma-separated positive integers", file=sys.stderr)
         return 2

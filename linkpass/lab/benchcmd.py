@@ -113,6 +113,8 @@ def add_snapshot_options(ap) -> None:
     ap.add_argument("--epochs", type=int, default=2, help="(a), (c): the example's --epochs (default 2, its own)")
     ap.add_argument("--samples", type=int, default=8192, help="(a), (c): the example's --samples (default 8192, its own)")
     ap.add_argument("--batch-size", type=int, default=32, help="the example's --batch-size (default 32, its own)")
+    ap.add_argument("--memory-every", default="5,10,25", help="(a), (c): in-memory snapshot intervals (steps), comma-separated: "
+                    "the step-time cost of each, and a device fault of the sharded job at each (default 5,10,25)")
     ap.add_argument("--warmup", type=int, default=5, help="(a): step intervals left out of the figures (default 5)")
     ap.add_argument("--widths", default="256,1600,4096", help="(b): model widths, comma-separated (default 256,1600,4096: "
                     "about 1, 32, 205 MB of state)")
