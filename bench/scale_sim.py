@@ -683,6 +683,15 @@ def _print(res: dict) -> None:
 
 
 def main(argv: list[str] | None = None, args=None) -> int:
+    lg = logging.getLogger("linkpass")
+    level = lg.level
+    try:
+        return _main(argv, args)
+    finally:
+        lg.setLevel(level)  # a caller in the same process (tests, `linkpass bench`) keeps its logging
+
+
+def _main(argv: list[str] | None = None, args=None) -> int:
     if args is None:
         from linkpass.lab.benchcmd import add_scale_options
         ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
