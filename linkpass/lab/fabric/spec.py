@@ -121,10 +121,9 @@ def _host_config(desc: dict, i: int) -> dict:
                    # its emulated GPUs (no NVML here): PCI bus id -> index, so the daemon can tell
                    # which hook client a kernel-log Xid concerns (linkpass.lab.fabric.gpus)
                    "gpus": gpu_map()},
-        # its hardware counters: a sysfs tree of its own (linkpass.lab.fabric.counters), polled
-        # often so that `linkpass inject counters` shows a rail at risk within seconds
-        "risk": {"sysfs_root": os.path.join(os.path.dirname(h["control_socket"]), f"h{i}.sys"),
-                 "poll_interval_s": 0.25, "nvml": False},
+        # its hardware counters: a sysfs tree of its own (linkpass.lab.fabric.counters), polled at
+        # the default 1 s (faster polls cost the probes CPU on a loaded fabric of many daemons)
+        "risk": {"sysfs_root": os.path.join(os.path.dirname(h["control_socket"]), f"h{i}.sys"), "nvml": False},
         "peers": [
             {
                 "name": p["name"],
