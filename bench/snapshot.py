@@ -61,9 +61,9 @@ both ranks), ``--size-steps`` steps (default 10), a snapshot every ``--size-ever
   file and store prefix, and sets ``LINKPASS_RESUME`` to the snapshots directory from the second
   attempt on: the hook resumes from the newest complete snapshot there).  Rank 1's worker is
   SIGKILLed once it has done ``--fault-frac`` (0.4) of the 256 steps and a snapshot is complete;
-  torchrun stops rank 0 and starts both again (``--rdzv c10d``, the default: a fresh store per
-  round; with ``static`` the store outlives the restart and the restarted gloo group reads the
-  dead attempt's addresses: ``connectFullMesh failed``, every time in our runs).  ``kill_to_first_step_s``: SIGKILL -> both restarted ranks did their first
+  torchrun stops rank 0 and starts both again (``--rdzv c10d``, the default, or ``static``: both
+  keep one store across the restart; the hook keys each attempt apart, ``linkpass/attempt<N>/``,
+  so the restarted gloo group does not read the dead attempt's addresses).  ``kill_to_first_step_s``: SIGKILL -> both restarted ranks did their first
   step (progress files, polled every ms); ``steps_redone`` = steps done at the kill - the
   snapshot's step; ``time_lost_s`` = faulted wall time - the fault-free wall time of the same
   command; ``weights_match_fault_free``: final weights bitwise equal per rank.  A restarted group

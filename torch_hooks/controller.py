@@ -50,6 +50,7 @@ import torch.distributed as dist
 
 from torch_hooks import agreement
 from torch_hooks.client import DaemonClient
+from torch_hooks.pg import job_store
 from torch_hooks.protocol import Notice, Registration
 
 log = logging.getLogger("linkpass.torch_hooks.controller")
@@ -209,7 +210,7 @@ class Controller:
             st = g._store  # the group's store (init_method without MASTER_ADDR/PORT)
         else:
             raise RuntimeError("no MASTER_ADDR/MASTER_PORT and no process group: no store for the job")
-        return dist.PrefixStore(f"linkpass/{self.s.job}", st)
+        return job_store(st, self.s.job)
 
     def start(self, g: Any | None = None) -> None:
         self._kv = self._store(g)

@@ -263,6 +263,7 @@ def run_spare(settings: Any, tracker: Any, controller: Any) -> None:
     no rank needed it."""
     import torch.distributed as dist
 
+    from torch_hooks.pg import job_store
     from torch_hooks.spare import Spare
 
     script = sys.argv[0] if sys.argv and sys.argv[0] not in ("", "-c", "-m") else ""
@@ -291,7 +292,7 @@ def run_spare(settings: Any, tracker: Any, controller: Any) -> None:
         log.info("spare %d retires (%s)", sp.id, sp.retired)
         os._exit(0)
     t_assigned = time.monotonic_ns()
-    kv = dist.PrefixStore(f"linkpass/{settings.job}", sp.store)
+    kv = job_store(sp.store, settings.job)
     ho = json.loads(kv.get(f"handover/{a.epoch}/{a.rank}"))
     os.environ["RANK"] = str(a.rank)
     iface = settings.rails.get(a.rail) if a.rail is not None else None

@@ -236,11 +236,13 @@ class MemorySnapshots:
             return False
         import torch.distributed as dist
 
+        from torch_hooks.pg import job_store
+
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
             st = dist.TCPStore(self.s.master_addr, self.s.master_port, is_master=False,
                                timeout=datetime.timedelta(seconds=max(30.0, self.s.rebuild_timeout_s)))
-            self._kv = dist.PrefixStore(f"linkpass/{self.s.job}", st)
+            self._kv = job_store(st, self.s.job)
             self._kv.set(f"memsnap/host/{self.s.rank}", self.s.host)
         except Exception as e:  # noqa: BLE001 - training goes on without them
             self._off(f"in-memory snapshots off: {str(e).splitlines()[0][:200] if str(e) else type(e).__name__}")

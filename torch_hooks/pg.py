@@ -195,6 +195,35 @@ class _Op:
         return sum(t.numel() * t.element_size() for t in self.saved or ())
 
 
+def restart_attempt(environ: Any = None) -> int:
+    """The worker group's attempt under torchrun: ``TORCHELASTIC_RESTART_COUNT`` (0 for the first
+    attempt, for any other launcher, and for a value that is not a non-negative integer)."""
+    raw = (os.environ if environ is None else environ).get("TORCHELASTIC_RESTART_COUNT", "0")
+    try:
+        n = int(raw or 0)
+    except ValueError:
+        return 0
+    return max(n, 0)
+
+
+def attempt_store(store: Any, environ: Any = None) -> Any:
+    """``store`` for this attempt's keys: unchanged on attempt 0, else under
+    ``PrefixStore("linkpass/attempt<N>/", store)``.
+
+    torchrun's c10d rendezvous keeps one TCPStore across restarts of the worker group
+    (torch/distributed/elastic/rendezvous/dynamic_rendezvous.py, the shared TCP store, unless
+    ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``), so without this a restarted rank can read keys of
+    the dead attempt (its gloo addresses, its rebuild and snapshot agreements)."""
+    n = restart_attempt(environ)
+    return dist.PrefixStore(f"linkpass/attempt{n}/", store) if n else store
+
+
+def job_store(store: Any, job: str, environ: Any = None) -> Any:
+    """The job's own keys in the job's store: ``PrefixStore("linkpass/<job>", attempt_store(store))``
+    (the controller's rebuild agreement, spares, snapshots, in-memory copies)."""
+    return dist.PrefixStore(f"linkpass/{job}", attempt_store(store, environ))
+
+
 def _copies(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     return [t.detach().clone() for t in tensors]
 
@@ -324,7 +353,11 @@ class ResilientProcessGroup(dist.ProcessGroup):
         if inner not in INNER_DEVICES:
             raise ValueError(f"inner backend must be one of {sorted(INNER_DEVICES)}, got {inner!r}")
         super().__init__(rank, world_size)
-        self._store = store
+        # torchrun (c10d rendezvous, torch >= 2.4) keeps one TCPStore for every restart of the
+        # worker group (dynamic_rendezvous.py: the shared TCP store), so the keys of a dead
+        # attempt are still there: a restarted rank would read the dead ranks' gloo addresses
+        # (``connectFullMesh failed ... Connection refused``).  Each attempt gets its own keys.
+        self._store = attempt_store(store)
         self._rank, self._size = rank, world_size
         self.inner_backend = inner
         self.timeout = timeout

@@ -273,13 +273,16 @@ class Snapshotter:
             return False
         import torch.distributed as dist
 
+        from torch_hooks.pg import job_store, restart_attempt
+
         st = dist.TCPStore(self.s.master_addr, self.s.master_port, is_master=False,
                            timeout=datetime.timedelta(seconds=max(30.0, self.s.rebuild_timeout_s)))
-        self._kv = dist.PrefixStore(f"linkpass/{self.s.job}", st)
+        self._kv = job_store(st, self.s.job)
         if self.s.local_rank in (0, None):
             self._registered = snapdir.register_job({
                 "job": self.s.job, "store": f"{self.s.master_addr}:{self.s.master_port}", "world_size": self.s.world_size,
-                "pid": os.getpid(), "rank": self.s.rank, "host": self.s.host, "snapshot_dir": self.snap.dir}) is not None
+                "pid": os.getpid(), "rank": self.s.rank, "host": self.s.host, "snapshot_dir": self.snap.dir,
+                "attempt": restart_attempt()}) is not None
         self._thread = threading.Thread(target=self._run, name="linkpass-snapshot", daemon=True)
         self._thread.start()
         return True

@@ -291,10 +291,10 @@ class Spare:
     """
 
     def __init__(self, store: Any, job: str = "job", host: str | None = None):
-        import torch.distributed as dist
+        from torch_hooks.pg import job_store
 
         self.store, self.job = store, job
-        self.kv = dist.PrefixStore(f"linkpass/{job}", store)
+        self.kv = job_store(store, job)
         self.host = host or host_name()
         self.pid = os.getpid()
         self.retired: str | None = None
@@ -349,6 +349,8 @@ class Spare:
         """A fresh client connection to the same TCPStore (True), replacing a broken one."""
         import torch.distributed as dist
 
+        from torch_hooks.pg import job_store
+
         st = self.store
         if not isinstance(st, dist.TCPStore):
             return False
@@ -357,7 +359,7 @@ class Spare:
         except Exception:  # noqa: BLE001 - still unreachable
             return False
         self._kept.append(st)  # never drop a handle that may host the server
-        self.store, self.kv = new, dist.PrefixStore(f"linkpass/{self.job}", new)
+        self.store, self.kv = new, job_store(new, self.job)
         return True
 
     def _poll(self, key: str, timeout_s: float, poll_s: float) -> bool | None:

@@ -29,14 +29,17 @@ def _fail(msg: str, code: int = 1) -> int:
     return code
 
 
-def _store(addr: str, job: str, timeout_s: float):
+def _store(addr: str, job: str, timeout_s: float, attempt: int = 0):
     # torch's C++ store client logs a lost connection with a stack trace; this command says it in one line
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
     import torch.distributed as dist
 
     host, _, port = addr.rpartition(":")
     st = dist.TCPStore(host, int(port), is_master=False, timeout=datetime.timedelta(seconds=timeout_s))
-    return dist.PrefixStore(f"linkpass/{job}", st)
+    from torch_hooks.pg import job_store
+
+    # the keys of the worker group's current attempt (torchrun restarts keep the store)
+    return job_store(st, job, {"TORCHELASTIC_RESTART_COUNT": str(attempt)})
 
 
 def _host_port(text: str) -> str:
@@ -49,18 +52,23 @@ def _host_port(text: str) -> str:
 def cmd_snapshot(args) -> int:
     from torch_hooks import snapdir
 
+    attempt = args.attempt or 0
+    if args.attempt is not None and args.attempt < 0:
+        return _fail(f"--attempt {args.attempt}: must not be negative", 2)
     if args.store:
         addr = args.store
     else:
         try:
-            addr = snapdir.lookup_job(args.job)["store"]
+            entry = snapdir.lookup_job(args.job)
         except snapdir.SnapshotError as e:
             return _fail(str(e))
+        addr = entry["store"]
+        attempt = entry.get("attempt") if isinstance(entry.get("attempt"), int) else 0
     to = os.path.abspath(args.to) if args.to else None
     if to and os.path.exists(to) and not os.path.isdir(to):
         return _fail(f"--to {args.to}: exists and is not a directory", 2)
     try:
-        kv = _store(addr, args.job, min(10.0, args.timeout))
+        kv = _store(addr, args.job, min(10.0, args.timeout), attempt)
         g = int(kv.add("snapshot/seq", 1))
         kv.set(f"snapshot/{g}/req", json.dumps({"to": to, "pid": os.getpid()}))
     except Exception as e:  # noqa: BLE001 - one line, whatever the store client raised
@@ -102,6 +110,8 @@ def register(subparsers) -> None:
     p.add_argument("--timeout", type=float, default=600.0, metavar="S", help="how long --wait waits (default 600 s)")
     p.add_argument("--store", type=_host_port, metavar="ADDR:PORT",
                    help="the job's store (default: from this host's job registry)")
+    p.add_argument("--attempt", type=int, metavar="N", help="with --store: the worker group's attempt under torchrun "
+                   "(TORCHELASTIC_RESTART_COUNT; default 0; from the registry otherwise)")
     p.add_argument("--json", action="store_true", help="with --wait: print the result as JSON")
     p.set_defaults(func=cmd_snapshot)
 

@@ -122,9 +122,8 @@ def add_snapshot_options(ap) -> None:
     ap.add_argument("--size-every", type=int, default=4, help="(b): a snapshot every N steps (default 4)")
     ap.add_argument("--fault-frac", type=float, default=0.4, help="(c): kill rank 1 at this share of the steps (default 0.4)")
     ap.add_argument("--rdzv", choices=("c10d", "static"), default="c10d",
-                    help="(c): torchrun's rendezvous: c10d (default: --rdzv-backend c10d, a fresh store per round) or "
-                    "static (--master-port P: the store outlives the restart, and the restarted group can read the dead "
-                    "attempt's gloo addresses)")
+                    help="(c): torchrun's rendezvous: c10d (default: --rdzv-backend c10d) or "
+                    "static (--master-port P); both keep one store across the restart")
     ap.add_argument("--restart-timeout-s", type=float, default=60.0, help="(c): a restarted group with no step this long "
                     "after the kill counts as failed (hung; stacks go to its log) and the pair is repeated (default 60)")
     ap.add_argument("--restart-retries", type=int, default=2, help="(c): repeat a failed torchrun restart up to N times")

@@ -477,3 +477,30 @@ def test_linkpass_hook_0_installs_nothing(monkeypatch):
 
 if __name__ == "__main__":
     sys.exit(worker(sys.argv[1:]))
+
+
+@pytest.mark.parametrize("raw, attempt", [(None, 0), ("0", 0), ("3", 3), ("", 0), ("x", 0), ("-2", 0)])
+def test_restart_attempt_reads_torchruns_restart_count_and_tolerates_junk(raw, attempt):
+    from torch_hooks import pg
+
+    env = {} if raw is None else {"TORCHELASTIC_RESTART_COUNT": raw}
+    assert pg.restart_attempt(env) == attempt
+
+
+def test_each_torchrun_attempt_has_its_own_keys_in_a_store_that_outlives_restarts():
+    """torchrun's c10d rendezvous keeps one store across restarts: a key written by attempt 0
+    (a dead rank's gloo address) must not be what attempt 1 reads."""
+    import torch.distributed as dist
+
+    from torch_hooks import pg
+
+    store = dist.HashStore()
+    a0 = pg.job_store(store, "j", {"TORCHELASTIC_RESTART_COUNT": "0"})
+    a1 = pg.job_store(store, "j", {"TORCHELASTIC_RESTART_COUNT": "1"})
+    a0.set("gen0/rank_0", "dead-address")
+    assert not a1.check(["gen0/rank_0"])
+    a1.set("gen0/rank_0", "live-address")
+    assert a0.get("gen0/rank_0") == b"dead-address" and a1.get("gen0/rank_0") == b"live-address"
+    # attempt 0 keeps the keys it always had (a job that never restarts reads what it wrote before)
+    assert dist.PrefixStore("linkpass/j", store).get("gen0/rank_0") == b"dead-address"
+    assert pg.attempt_store(store, {}) is store
