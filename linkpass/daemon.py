@@ -56,6 +56,7 @@ from linkpass.adapters.netlink import NetlinkMonitor
 from linkpass.adapters.notices import NoticeService
 from linkpass.adapters.prober import Prober
 from linkpass.adapters.ports import HookNotifier
+from linkpass.adapters import sched
 from linkpass.adapters.routes import RouteActuator, RouteSettings
 from linkpass.adapters.sdnotify import SdNotifier, ServiceNotifier
 from linkpass.config import Config, ConfigError, load_config, notice_key, policy_from_config, probe_policy
@@ -345,6 +346,7 @@ class Daemon:
         self.tasks: dict[str, asyncio.Task] = {}
         self._tuned: set[str] = set()
         self.reload_error: str | None = None
+        self.scheduling: dict | None = None  # sched.apply's answer, from run() on
         self.control_bad_requests = 0  # control requests answered with {"error": ...}
         self._drain_asked: dict[int, bool] = {}  # rail -> the operator's last drain (True) / undrain request
         self.dispatch_errors: Counter[str] = Counter()  # action type name -> handler failures
@@ -631,6 +633,7 @@ class Daemon:
             device_sources={name: src.status() for name, src in self.device_sources.items()} if engine else None,
             snapshots=eng.snapshots.view() if self.hooks is not None else None,
             gpu_at_risk={**{g: False for g in self.risk_gpus}, **{k[1]: True for k in eng.at_risk if k[0] == "gpu"}},
+            scheduling=self.scheduling,
         )
 
     def status(self) -> dict:
@@ -819,6 +822,8 @@ class Daemon:
             log.warning("[hooks] socket is now %s (was %s); the new hooks socket takes effect only after a restart, "
                         "until then hooks keep connecting to %s", new_hooks or "off", old_hooks or "off", old_hooks or "nothing")
         self.cfg = cfg
+        if self.scheduling is not None:  # run() set it (a Daemon driven in-process by a test never does)
+            self._schedule(cfg.daemon.realtime_priority)
         self.routes.reconfigure(route_settings(cfg))
         if self.notices and key:
             self.notices.reconfigure(cfg, key)
@@ -849,7 +854,18 @@ class Daemon:
         task.add_done_callback(done)
         self.tasks[name] = task
 
+    def _schedule(self, priority: int) -> None:
+        """Run the daemon's threads at ``[daemon] realtime_priority`` (linkpass/adapters/sched.py)."""
+        if self.scheduling is not None and self.scheduling["asked"] == priority:
+            return
+        self.scheduling = sched.apply(priority)
+        if self.scheduling["error"]:
+            log.warning("%s", self.scheduling["error"])
+        else:
+            log.info("CPU scheduling: %s priority %d", self.scheduling["policy"], self.scheduling["priority"])
+
     async def run(self) -> int:
+        self._schedule(self.cfg.daemon.realtime_priority)
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGTERM, self._stop.set)
         loop.add_signal_handler(signal.SIGINT, self._stop.set)

@@ -24,6 +24,8 @@ from linkpass.config.values import _got, _shown
 DEFAULT_ROUTE_PROTOCOL = 201
 DEFAULT_CONTROL_SOCKET = "/run/linkpass/linkpass.sock"
 DEFAULT_NOTICE_PORT = 7471
+#: SCHED_RR priority of the daemon's threads (linkpass/adapters/sched.py; 0: the normal policy)
+REALTIME_PRIORITY_DEFAULT = 10
 DEFAULT_NCCL_ENV_FILE = "/run/linkpass/nccl.env"
 #: ``Field(..., examples=[v], json_schema_extra=IN_EXAMPLE)``: the generated example config sets this
 #: optional option to ``v`` (for options that are required in the default mode, or recommended).
@@ -120,6 +122,10 @@ class DaemonSection(_Strict):
                                         "netdev loses carrier (bench/README.md, kernel_reroute).")
     nexthop_id_base: StrictInt = Field(0x4C500000, ge=1, le=2**32 - 1 - 65536, description="First id of the 65536 nexthop object "
                                        "ids linkpass owns (with route_protocol as their protocol); ids held by anything else are skipped.")
+    realtime_priority: StrictInt = Field(REALTIME_PRIORITY_DEFAULT, ge=0, le=99, description="Run every thread of the daemon "
+                                         "under SCHED_RR at this priority (1-99; 0: the normal policy), so busy threads on the "
+                                         "host cannot delay probes into false losses (needs CAP_SYS_NICE; without it the daemon "
+                                         "runs on at the normal policy and says so in status). Programs it starts run at the normal policy.")
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log level (`linkpass run --log-level` overrides it).")
 
     @field_validator("host")

@@ -159,6 +159,8 @@ class DaemonSnapshot:
             None when hooks are off.
         gpu_at_risk: NVML GPU index -> at risk now, for every GPU the counter poller watches
             and every GPU with a verdict.
+        scheduling: the daemon's CPU scheduling (:func:`linkpass.adapters.sched.apply`:
+            ``policy``, ``priority``, ``asked``, ``error``); None when not set.
     """
 
     t_ns: int
@@ -190,6 +192,7 @@ class DaemonSnapshot:
     device_sources: Mapping[str, Any] | None = None
     snapshots: SnapshotsView | None = None
     gpu_at_risk: Mapping[int, bool] | None = None
+    scheduling: Mapping[str, Any] | None = None
 
     @property
     def usable_rails(self) -> tuple[int, ...]:
@@ -214,6 +217,10 @@ def status_json(snap: DaemonSnapshot) -> dict:
     st = {"schema": STATUS_SCHEMA, "pid": snap.pid, "uptime_s": snap.uptime_s, **snap.engine}
     if snap.reload_error:
         st["warnings"] = st["warnings"] + [snap.reload_error]
+    if snap.scheduling is not None:
+        st["scheduling"] = dict(snap.scheduling)
+        if snap.scheduling.get("error"):
+            st["warnings"] = st["warnings"] + [str(snap.scheduling["error"])]
     if snap.topology is not None:
         st["topology"] = dict(snap.topology)
         st["warnings"] = st["warnings"] + list(snap.topology_warnings)

@@ -89,6 +89,11 @@ def test_unit_asks_for_the_notify_protocol_and_few_capabilities():
     assert caps == {"CAP_NET_ADMIN", "CAP_NET_RAW", "CAP_SYSLOG"}
     assert set(keys["AmbientCapabilities"].split()) == caps
     assert keys["NoNewPrivileges"] == "yes" and keys["ProtectSystem"] == "strict"
+    # the daemon's threads at SCHED_RR, set by systemd (no CAP_SYS_NICE), equal to the config's default
+    from linkpass.config.schema import REALTIME_PRIORITY_DEFAULT
+
+    assert keys["CPUSchedulingPolicy"] == "rr" and keys["CPUSchedulingResetOnFork"] == "yes"
+    assert int(keys["CPUSchedulingPriority"]) == REALTIME_PRIORITY_DEFAULT
     assert keys["RuntimeDirectory"] == "linkpass" and keys["StateDirectory"] == "linkpass"
     assert set(keys["ReadWritePaths"].split()) == {"/run/linkpass", "/var/lib/linkpass"}
     assert "ProtectKernelLogs" not in keys  # it would deny /dev/kmsg

@@ -97,7 +97,7 @@ def test_daemonset_scheduling(ds, pod):
 
 def test_container_capabilities(main):
     sc = main["securityContext"]
-    assert set(sc["capabilities"]["add"]) == {"NET_ADMIN", "NET_RAW", "SYSLOG"}
+    assert set(sc["capabilities"]["add"]) == {"NET_ADMIN", "NET_RAW", "SYSLOG", "SYS_NICE"}
     assert sc["capabilities"]["drop"] == ["ALL"]
     assert sc.get("privileged") is not True and sc["allowPrivilegeEscalation"] is False
     assert sc["readOnlyRootFilesystem"] is True
