@@ -20,18 +20,27 @@ linkpass daemon until the rail is unusable; heal; wait until linkpass uses the r
 the BFD session is back up.  Then, from the daemons' histories (monotonic clock):
 
 * linkpass ``detect_ms``: cut issued -> host 1 records rail 0 DOWN (history ``rail``);
+  ``avoid_ms``: cut issued -> host 1's routes leave rail 0: its own DOWN, or host 0's notice
+  that rail 0 failed at its end (history ``peer_rails``), whichever comes first (with one peer
+  per rail either end may be the first to judge a loss; ``avoided_by_peer_notice`` counts the
+  trials where host 0 was);
   ``path_down_ms``: cut issued -> first probe path on rail 0 DOWN (history ``path``);
 * ``reroute_ms``: DOWN -> kernel ACK of the first plan without the rail;
 * ``false_failovers``: rail DOWN entries on any rail other than the cut one (any host);
   host 0's rail 0 going DOWN too is counted apart (``peer_side_down``): with one peer on the
-  rail it cannot tell a blackhole on host 1's port from one on its own;
+  rail it cannot tell a blackhole on host 1's port from one on its own.  Under a light loss
+  (``loss:PCT`` with PCT <= LIGHT_LOSS_PCT, 2: a loss the rail must keep its traffic through)
+  every rail DOWN counts, the cut rail's too, ``misses`` is None (nothing to detect), and a
+  bfdd session Down is counted in ``bfdd.false_downs``; run it as one long trial, e.g.
+  ``--mode loss:2 --trials 1 --timeout-s 600``;
 * ``route_changes``: routes_applied entries that replaced or deleted routes; per trial and host
   also those while the fault lasted (``route_changes_in_fault``: with ``--damping`` and a
   ``flap:MS:N`` burst held for ``--burst-s``, at most one per host is the target);
 * bfdd ``detect_ms``: cut issued -> first poll that reads "down" (resolution: the poll period
   plus one vty round trip, about 0.1 ms);
 * CPU time (utime+stime, /proc/PID/stat) and VmHWM of every linkpass daemon and bfdd over the
-  trials.  bfdd's CPU includes answering this script's polls; linkpass's includes its
+  trials; ``cpu_pct`` (per host, % of one core over the trials) in both ``linkpass`` and
+  ``bfdd``, and per daemon in their ``daemons`` lists.  bfdd's CPU includes answering this script's polls; linkpass's includes its
   status queries.
 
 Installs frr with apt-get when bfdd is missing; if that fails, says so and runs linkpass only.
@@ -72,6 +81,12 @@ SCHEMA = "linkpass.bench.detect_bfd/v1"
 BFDD_CANDIDATES = ("/usr/lib/frr/bfdd", "/usr/sbin/bfdd", "/usr/local/sbin/bfdd")
 CUT_HOST, CUT_RAIL = 1, 0
 TARGETS = {"blackhole_detect_p99_ms": 50.0, "carrier_loss_speedup_vs_bfdd": 10.0}
+#: loss:PCT at or below this is no fault to fail over for: any rail DOWN under it is false
+LIGHT_LOSS_PCT = 2
+
+
+def light_loss(mode: str) -> bool:
+    return mode.startswith("loss:") and int(mode.split(":")[1]) <= LIGHT_LOSS_PCT
 
 
 # --------------------------------------------------------------------------- bfdd
@@ -274,6 +289,18 @@ def rail_usable(cl: BenchCluster, host: int, rail: int) -> bool:
     return bool(r["usable"]) and st["applied_generation"] >= st["generation"]
 
 
+def rail_avoided(cl: BenchCluster, host: int, rail: int) -> bool:
+    """``host`` no longer routes to its peers over ``rail``: its own rail is unusable, or every
+    peer announced the rail unusable at its end (with one peer per rail, either end may be the
+    first to call the rail failed; the other follows the notice)."""
+    st = cl.ask(host)
+    r = next(x for x in st["rails"] if x["id"] == rail)
+    if st["applied_generation"] < st["generation"]:
+        return False
+    peers = st["peers"]
+    return not r["usable"] or (bool(peers) and all(p["usable_rails"] is not None and rail not in p["usable_rails"] for p in peers))
+
+
 def all_usable(cl: BenchCluster, hosts: int, rails: int) -> bool:
     for i in range(hosts):
         st = cl.ask(i)
@@ -307,7 +334,7 @@ def run_trials(args, cl: BenchCluster, bfd: Bfd | None) -> list[dict]:
             now = time.monotonic()
             if not lp_down_seen and now >= next_lp:
                 try:
-                    lp_down_seen = not rail_usable(cl, CUT_HOST, CUT_RAIL)
+                    lp_down_seen = rail_avoided(cl, CUT_HOST, CUT_RAIL)
                 except (OSError, ValueError, KeyError, StopIteration):
                     pass
                 next_lp = now + 0.02
@@ -346,6 +373,12 @@ def analyse(args, cl: BenchCluster, trials: list[dict], t0: int, t1: int) -> dic
         down = _first(mine, lambda e: e["kind"] == "rail" and e["rail"] == CUT_RAIL and e["new"] == "DOWN")
         pdown = _first(mine, lambda e: e["kind"] == "path" and e["rail"] == CUT_RAIL and e["new"] == "DOWN")
         tr["detect_ms"] = None if not down else round((down["t_ns"] - t_cut) / 1e6, 3)
+        # avoided: h1's own DOWN, or the peer's notice that its end of the rail failed (h1's
+        # routes leave the rail either way; with one peer per rail either end may decide first)
+        peer_off = _first(mine, lambda e: e["kind"] == "peer_rails" and CUT_RAIL not in e["usable"])
+        t_av = [e["t_ns"] for e in (down, peer_off) if e]
+        tr["avoid_ms"] = round((min(t_av) - t_cut) / 1e6, 3) if t_av else None
+        tr["avoided_by"] = None if not t_av else ("own" if down and down["t_ns"] == min(t_av) else "peer notice")
         tr["path_down_ms"] = None if not pdown else round((pdown["t_ns"] - t_cut) / 1e6, 3)
         tr["reroute_ms"] = None
         if down:
@@ -362,7 +395,8 @@ def analyse(args, cl: BenchCluster, trials: list[dict], t0: int, t1: int) -> dic
                          and (e.get("replaced", 0) + e.get("deleted", 0)) > 0) for i in H}
     in_run = {i: [e for e in H[i] if t0 <= e["t_ns"] < t1] for i in H}
     rail_downs = [(i, e) for i in in_run for e in in_run[i] if e["kind"] == "rail" and e["new"] == "DOWN"]
-    false_ff = [f"h{i} rail {e['rail']} ({e.get('reason')})" for i, e in rail_downs if e["rail"] != CUT_RAIL]
+    light = light_loss(args.mode)
+    false_ff = [f"h{i} rail {e['rail']} ({e.get('reason')})" for i, e in rail_downs if e["rail"] != CUT_RAIL or light]
     peer_side = [f"h{i} rail {e['rail']} ({e.get('reason')})" for i, e in rail_downs if e["rail"] == CUT_RAIL and i != CUT_HOST]
     applied = [e for i in in_run for e in in_run[i] if e["kind"] == "routes_applied"]
     changes = [e for e in applied if (e.get("replaced", 0) + e.get("deleted", 0)) > 0]
@@ -370,7 +404,10 @@ def analyse(args, cl: BenchCluster, trials: list[dict], t0: int, t1: int) -> dic
         "detect_ms": summary([t["detect_ms"] for t in trials if t["detect_ms"] is not None]),
         "path_down_ms": summary([t["path_down_ms"] for t in trials if t["path_down_ms"] is not None]),
         "reroute_ms": summary([t["reroute_ms"] for t in trials if t["reroute_ms"] is not None]),
-        "misses": sum(1 for t in trials if t["detect_ms"] is None),
+        "misses": None if light else sum(1 for t in trials if t["detect_ms"] is None),
+        "avoid_ms": summary([t["avoid_ms"] for t in trials if t["avoid_ms"] is not None]),
+        "avoid_misses": None if light else sum(1 for t in trials if t["avoid_ms"] is None),
+        "avoided_by_peer_notice": sum(1 for t in trials if t.get("avoided_by") == "peer notice"),
         "failback_misses": sum(1 for t in trials if not t["lp_failback_ok"]),
         "false_failovers": len(false_ff), "false_failover_list": false_ff,
         "peer_side_down": len(peer_side), "peer_side_down_list": peer_side,
@@ -435,19 +472,33 @@ def run(args) -> dict:
 
     lp["daemons"] = procs(lp_pids, "linkpass")
     lp["cpu_s_total"] = round(sum(d["cpu_s"] for d in lp["daemons"]), 3)
+    lp["cpu_pct"] = {d["host"]: d["cpu_pct"] for d in lp["daemons"]}
     bfd_res = None
     if bfd_pids:
         det = [t["bfd_detect_ms"] for t in trials if t["bfd_detect_ms"] is not None]
-        bfd_res = {"detect_ms": summary(det), "misses": sum(1 for t in trials if t["bfd_detect_ms"] is None),
+        light = light_loss(args.mode)
+        bfd_res = {"detect_ms": summary(det), "misses": None if light else sum(1 for t in trials if t["bfd_detect_ms"] is None),
+                   "false_downs": len(det) if light else 0,
                    "not_back_up": sum(1 for t in trials if t["bfd_back_up"] is False),
                    "daemons": procs(bfd_pids, "bfdd"), "polls": bfd_polls, "workdir": bfd_workdir}
         bfd_res["cpu_s_total"] = round(sum(d["cpu_s"] for d in bfd_res["daemons"]), 3)
+        bfd_res["cpu_pct"] = {d["host"]: d["cpu_pct"] for d in bfd_res["daemons"]}
     comparison = None
-    if bfd_res and lp["detect_ms"]["p99"] is not None and bfd_res["detect_ms"]["p99"] is not None:
+    if bfd_res and bfd_res["detect_ms"]["p99"] is not None:
+        bd, ld, la = bfd_res["detect_ms"], lp["detect_ms"], lp["avoid_ms"]
+
+        def le(a, b):
+            return None if a is None or b is None else a <= b
+
         comparison = {
-            "p99_linkpass_le_bfdd": lp["detect_ms"]["p99"] <= bfd_res["detect_ms"]["p99"],
-            "p50_speedup": round(bfd_res["detect_ms"]["p50"] / max(lp["detect_ms"]["p50"], 1e-3), 2),
-            "p99_speedup": round(bfd_res["detect_ms"]["p99"] / max(lp["detect_ms"]["p99"], 1e-3), 2),
+            "p50_linkpass_le_bfdd": le(ld["p50"], bd["p50"]),
+            "p99_linkpass_le_bfdd": le(ld["p99"], bd["p99"]),
+            "avoid_p50_le_bfdd": le(la["p50"], bd["p50"]),
+            "avoid_p99_le_bfdd": le(la["p99"], bd["p99"]),
+            "p50_speedup": None if ld["p50"] is None else round(bd["p50"] / max(ld["p50"], 1e-3), 2),
+            "p99_speedup": None if ld["p99"] is None else round(bd["p99"] / max(ld["p99"], 1e-3), 2),
+            "avoid_p50_speedup": None if la["p50"] is None else round(bd["p50"] / max(la["p50"], 1e-3), 2),
+            "avoid_p99_speedup": None if la["p99"] is None else round(bd["p99"] / max(la["p99"], 1e-3), 2),
         }
     return {
         "schema": SCHEMA,
@@ -484,26 +535,34 @@ def print_report(r: dict) -> None:
     f = (lambda x: "-" if x is None else f"{x:.3f}")
     lp = r["linkpass"]
     hwm = max(d["vmhwm_mb"] for d in lp["daemons"])
-    for k, fig in enumerate(("detect_ms", "path_down_ms", "reroute_ms")):
+    for k, fig in enumerate(("detect_ms", "avoid_ms", "path_down_ms", "reroute_ms")):
         s = lp[fig]
+        miss = lp["misses"] if k == 0 else lp["avoid_misses"] if k == 1 else ""
         t.add_row(f"linkpass {fig}", str(s["n"]), f(s["p50"]), f(s["p99"]), f(s["max"]),
-                  str(lp["misses"]) if k == 0 else "", f"{lp['cpu_s_total']:.3f}" if k == 0 else "", f"{hwm:.1f}" if k == 0 else "")
+                  "-" if miss is None else str(miss), f"{lp['cpu_s_total']:.3f}" if k == 0 else "", f"{hwm:.1f}" if k == 0 else "")
     b = r["bfdd"]
     if b:
         s = b["detect_ms"]
-        t.add_row("bfdd detect_ms", str(s["n"]), f(s["p50"]), f(s["p99"]), f(s["max"]), str(b["misses"]),
+        t.add_row("bfdd detect_ms", str(s["n"]), f(s["p50"]), f(s["p99"]), f(s["max"]), "-" if b["misses"] is None else str(b["misses"]),
                   f"{b['cpu_s_total']:.3f}", f"{max(d['vmhwm_mb'] for d in b['daemons']):.1f}")
     else:
         t.add_row(f"bfdd: {r['bfdd_note']}", "", "", "", "", "", "", "")
     c.print(t)
+    c.print(f"  flap damping {'on' if p.get('damping') else 'off'}; CPU % of one core: linkpass {lp['cpu_pct']}"
+            + (f", bfdd {b['cpu_pct']}" if b else ""))
+    if b and b.get("false_downs"):
+        c.print(f"  bfdd sessions down under a light loss: {b['false_downs']}")
     c.print(f"  linkpass: false failovers {lp['false_failovers']}, peer-side rail DOWN {lp['peer_side_down']}, "
             f"route changes {lp['route_changes']}, route errors {len(lp['route_errors'])}, failback misses {lp['failback_misses']}")
     c.print(f"  route changes while each fault lasted, per host: max {lp['route_changes_in_fault_max']} "
             f"(damping {'on' if p.get('damping') else 'off'}; per trial: {[t['route_changes_in_fault'] for t in r['trials']]})")
     if r["comparison"]:
         cm = r["comparison"]
+        c.print(f"  bfdd/linkpass avoid: p50 x{cm['avoid_p50_speedup']}, p99 x{cm['avoid_p99_speedup']}; "
+                f"avoid p50 <= bfdd p50: {cm['avoid_p50_le_bfdd']}, p99 <= bfdd p99: {cm['avoid_p99_le_bfdd']} "
+                f"({lp['avoided_by_peer_notice']} trials avoided by the peer's notice first)")
         c.print(f"  bfdd/linkpass detect: p50 x{cm['p50_speedup']}, p99 x{cm['p99_speedup']}; "
-                f"linkpass p99 <= bfdd p99: {cm['p99_linkpass_le_bfdd']}")
+                f"linkpass p50 <= bfdd p50: {cm['p50_linkpass_le_bfdd']}, p99 <= bfdd p99: {cm['p99_linkpass_le_bfdd']}")
     if b:
         c.print(f"  bfdd CPU includes answering {b['polls']} vty polls from this script")
     if r["daemon_log_problems"]:

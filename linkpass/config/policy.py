@@ -28,7 +28,9 @@ def probe_policy(pc: ProbeSection) -> ProbePolicy:
     """:class:`~linkpass.core.policy.ProbePolicy` of a ``[probe]`` section."""
     return ProbePolicy(interval_ms=pc.interval_ms, detect_multiplier=pc.detect_multiplier,
                        slow_interval_ms=pc.slow_interval_ms, rail_down_share=pc.rail_down_share,
-                       loss_window_ms=pc.loss_window_ms, degraded_loss=pc.degraded_loss)
+                       loss_window_ms=pc.loss_window_ms, degraded_loss=pc.degraded_loss,
+                       healthy_loss=pc.healthy_loss, lossy_loss=pc.lossy_loss, lossy_alpha=pc.lossy_alpha,
+                       lossy_clear_alpha=pc.lossy_clear_alpha)
 
 
 def damping_policy(dc: DampingSection) -> DampingPolicy:

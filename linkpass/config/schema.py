@@ -180,6 +180,20 @@ class ProbeSection(_Strict):
     rail_down_share: FiniteFloat = Field(0.5, gt=0, le=1, description="A rail fails when more than this share of its answering peers are DOWN.")
     loss_window_ms: StrictInt = Field(2000, ge=100, le=600_000, description="Window for the loss ratio of a rail.")
     degraded_loss: FiniteFloat = Field(0.1, gt=0, le=1, description="Loss ratio over the window that marks a rail DEGRADED.")
+    healthy_loss: FiniteFloat = Field(0.04, gt=0, lt=1, description="Per-probe (round-trip) loss of a healthy path: H0 of the "
+                                      "sequential lossy test (0.04: 2 % lost in each direction).")
+    lossy_loss: FiniteFloat = Field(0.3, gt=0, lt=1, description="Per-probe loss of a path to leave: H1 of the lossy test; a "
+                                    "rail whose paths lose this much goes DOWN like a dead one (Page's CUSUM of Wald's SPRT).")
+    lossy_alpha: FiniteFloat = Field(1e-6, gt=0, le=0.01, description="Bound on the lossy test's false alarms per probe at "
+                                     "healthy_loss (threshold ln(1/alpha); 1e-6: at most 0.06 per path in 10 min at 100 probes/s).")
+    lossy_clear_alpha: FiniteFloat = Field(1e-3, gt=0, le=0.1, description="Bound on a lossy path's wrong clears per probe at "
+                                           "lossy_loss (recovery needs ln(1/alpha) of evidence: 22 answers in a row at 1e-3).")
+
+    @model_validator(mode="after")
+    def _loss_order(self) -> "ProbeSection":
+        if not self.healthy_loss < self.lossy_loss:
+            raise ValueError(f"lossy_loss: must be above healthy_loss ({self.lossy_loss} <= {self.healthy_loss})")
+        return self
 
 
 class DampingSection(_Strict):

@@ -36,6 +36,7 @@ from linkpass.core.model import (
     NotifyAtRisk,
     NotifyDeviceFault,
     NotifyHooks,
+    PathLossy,
     PeerRails,
     ProbeLoss,
     ProbeResult,
@@ -127,6 +128,7 @@ class Engine:
         self.probe_failed: dict[int, str] = {}   # rail -> why its probes say it is failed
         self.loss: dict[int, tuple[float, int]] = {}  # rail -> (loss ratio, samples) from the edge
         self.degraded: set[int] = set()
+        self.lossy: dict[tuple[int, str], str] = {}  # path -> why its loss test says it is lossy
         self._avoided: frozenset[int] = frozenset()  # the DEGRADED rails traffic was last moved off
         self.incidents: deque[dict] = deque(maxlen=INCIDENTS_KEPT)  # recent device incidents, oldest first
         self.at_risk: dict[tuple[str, int], dict] = {}  # (kind, subject) -> the verdict entry while at risk
@@ -160,6 +162,7 @@ class Engine:
         self.dampers = dampers
         names = self._peer_names = frozenset(p.name for p in policy.peers)
         self.peer_usable = {k: v for k, v in self.peer_usable.items() if k in names}
+        self.lossy = {k: v for k, v in self.lossy.items() if k[1] in names and k[0] in self.rails}
         self._netdev_rail = {r.netdev: r.id for r in policy.rails}
         self._rail_peers = {r.id: sum(1 for p in policy.peers if r.id in p.rail_ips) for r in policy.rails}
         self._dsts = all_destinations(policy)
@@ -211,6 +214,8 @@ class Engine:
             return self._on_probe(event, now_ns)
         if isinstance(event, ProbeLoss):
             return self._on_loss(event, now_ns)
+        if isinstance(event, PathLossy):
+            return self._on_lossy(event, now_ns)
         if isinstance(event, Tick):
             return self._on_tick(now_ns)
         if isinstance(event, PeerRails):
@@ -574,7 +579,10 @@ class Engine:
         a peer silent on every rail at once is a peer problem (stalled, overloaded, dead), and
         routing around one of its rails gains nothing.  The prober says which with each miss
         (``peer_elsewhere``); where it could not (None), the engine's own picture decides: the
-        peer has another path UP, or no other path at all (then the ends cannot be told apart)."""
+        peer has another path UP, or no other path at all (then the ends cannot be told apart).
+        A path its sequential loss test calls lossy counts whatever its state (:meth:`_on_lossy`)."""
+        if (p.rail, p.peer) in self.lossy:
+            return True
         if p.state != PathState.DOWN:
             return False
         if p.peer_elsewhere is not None:
@@ -596,7 +604,7 @@ class Engine:
         rail failed announces it (``peer_rails``), which the plan follows without waiting."""
         hold = self.policy.probe.detect_multiplier * self.policy.probe.interval_ms * 1_000_000
         return frozenset(k for k, p in self.paths.items()
-                         if self._path_counts(p) and now_ns - p.since_ns >= hold)
+                         if self._path_counts(p) and (k in self.lossy or now_ns - p.since_ns >= hold))
 
     def _fresh(self, p: PathHealth, now_ns: int) -> bool:
         """A SUSPECT or DOWN path's verdict is current when a result came within two slow
@@ -631,7 +639,36 @@ class Engine:
         need = min(2, peers_here) if peers_here else 1
         if evidence <= 0 or down < need or down / evidence <= pc.rail_down_share:
             return None
-        return f"probes: {down}/{evidence} peers unreachable over rail {rid} while answering on other rails"
+        lossy = sum(1 for p in on_rail if (p.rail, p.peer) in self.lossy)
+        if not lossy:
+            return f"probes: {down}/{evidence} peers unreachable over rail {rid} while answering on other rails"
+        return (f"probes: {down}/{evidence} peers unreachable or lossy ({lossy} lossy) over rail {rid} "
+                f"while answering on other rails")
+
+    def _on_lossy(self, ev: PathLossy, now_ns: int) -> list[Action]:
+        """The sequential loss test of a path changed its verdict.  A lossy path counts against
+        its rail like a DOWN path whose peer answers elsewhere (:meth:`_path_counts`; the test
+        only sees misses while the peer was heard elsewhere or could not be), and routes leave it
+        at once: its verdict already rests on tens of probes, not on one detection time."""
+        key = (ev.rail, ev.peer)
+        if ev.rail not in self.rails or ev.peer not in self._peer_names or (key in self.lossy) == ev.lossy:
+            return []
+        loss = None if ev.loss is None else round(ev.loss, 4)
+        if ev.lossy:
+            self.lossy[key] = (f"{ev.probes} probes judged lossy (loss {loss if loss is not None else '?'}, "
+                               f">= {self.policy.probe.lossy_loss} by the sequential test)")
+        else:
+            del self.lossy[key]
+        self._record("lossy" if ev.lossy else "lossy_cleared", now_ns,
+                     {"rail": ev.rail, "peer": ev.peer, "probes": ev.probes, "loss": loss, "event_t_ns": ev.t_ns})
+        log.warning("path rail %d -> %s: %s after %d probes (loss over the window %s)", ev.rail, ev.peer,
+                    "LOSSY" if ev.lossy else "no longer lossy", ev.probes, "?" if loss is None else f"{100 * loss:.1f}%")
+        changed = self._avoided_paths(now_ns) != self._plan_path_down
+        if self._reverdict(ev.t_ns, now_ns):
+            changed = True
+        if not changed or not self.synced:
+            return []
+        return self._replan(now_ns, f"probe loss test on rail {ev.rail}")
 
     def _on_loss(self, ev: ProbeLoss, now_ns: int) -> list[Action]:
         """Aggregated probe loss of a rail -> DEGRADED (traffic prefers clean rails)."""
@@ -844,6 +881,7 @@ class Engine:
             "totals": dict(sorted(self.totals.items())),
             "paths": [{"rail": r, "peer": p, "state": h.state.value, "misses": h.misses,
                        "peer_elsewhere": h.peer_elsewhere, "counts_against_rail": self._path_counts(h),
+                       "lossy": (r, p) in self.lossy,
                        "avoided": (r, p) in self._plan_path_down,
                        "rtt_ms": None if h.last_rtt_ns is None else round(h.last_rtt_ns / 1e6, 3)}
                       for (r, p), h in sorted(self.paths.items())],

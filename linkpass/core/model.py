@@ -181,6 +181,29 @@ class ProbeLoss:
 
 
 @dataclass(frozen=True)
+class PathLossy:
+    """The sequential loss test of one path (:mod:`linkpass.core.lossy`) changed its verdict,
+    decided at the edge from every probe result (the engine sees only misses).
+
+    Attributes:
+        rail: local rail id.
+        peer: peer host name.
+        lossy: True: the path loses at least ``[probe] lossy_loss`` of its probes (by the test);
+            False: it has shown enough evidence of health again.
+        t_ns: time of the result that decided it (monotonic ns).
+        probes: results the verdict took since the previous one.
+        loss: the path's loss ratio over its loss window then (0..1; None when unknown).
+    """
+
+    rail: int
+    peer: str
+    lossy: bool
+    t_ns: int
+    probes: int = 0
+    loss: float | None = None
+
+
+@dataclass(frozen=True)
 class Tick:
     """A timer the engine asked for has expired."""
 
@@ -314,7 +337,7 @@ class HookReport:
     t_ns: int = 0
 
 
-Event = Union[LinkChanged, LinkSnapshot, AddrChanged, RouteChanged, PeerRails, RoutesApplied, ProbeResult, ProbeLoss, Tick, Drain,
+Event = Union[LinkChanged, LinkSnapshot, AddrChanged, RouteChanged, PeerRails, RoutesApplied, ProbeResult, ProbeLoss, PathLossy, Tick, Drain,
               DeviceIncident, ConfigReloaded, DeviceFaultDelivered, HookPeersChanged, HookReport, RiskChanged]
 
 # --------------------------------------------------------------------------- routes

@@ -71,6 +71,11 @@ class ProbePolicy:
         rail_down_share: a rail fails when more than this share of its answering peers are DOWN.
         loss_window_ms: window of a rail's loss ratio.
         degraded_loss: loss ratio over the window that marks a rail DEGRADED.
+        healthy_loss: per-probe (round-trip) loss of a healthy path, H0 of the lossy test
+            (:mod:`linkpass.core.lossy`).
+        lossy_loss: per-probe loss of a path to leave, H1 of the lossy test.
+        lossy_alpha: bound on the lossy test's false alarms per probe at ``healthy_loss``.
+        lossy_clear_alpha: bound on its wrong clears per probe at ``lossy_loss``.
     """
 
     interval_ms: int
@@ -79,6 +84,10 @@ class ProbePolicy:
     rail_down_share: float
     loss_window_ms: int
     degraded_loss: float
+    healthy_loss: float
+    lossy_loss: float
+    lossy_alpha: float
+    lossy_clear_alpha: float
 
 
 @dataclass(frozen=True)

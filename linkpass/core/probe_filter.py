@@ -12,6 +12,12 @@ yet), and so are dead paths (20 misses in a row, or 2 x detect_multiplier if mor
 dead peer is a path problem, not loss on the rail.  Nor are misses the prober marks
 ``peer_elsewhere=False`` (the peer answered on none of our rails meanwhile): a peer that is
 silent everywhere at once says nothing about any one rail.
+
+The same results (those the loss window counts, and no miss of a dead path) feed each path's
+sequential loss test (:mod:`linkpass.core.lossy`); a change of its verdict is posted at once as a
+:class:`PathLossy`.  That test sees every answer, which the engine does not.  Misses in a row
+that end in a dead path are taken back out of the test (a dead path or a lost link is BFD's
+rule's and the link state's to judge, and counting them would hold up the path's recovery).
 """
 
 from __future__ import annotations
@@ -20,7 +26,8 @@ import dataclasses
 from collections import deque
 from collections.abc import Callable
 
-from linkpass.core.model import Event, ProbeLoss, ProbeResult
+from linkpass.core.lossy import LossTest, PathLossTest
+from linkpass.core.model import Event, PathLossy, ProbeLoss, ProbeResult
 from linkpass.core.policy import ProbePolicy
 
 REPORT_S = 0.25
@@ -52,12 +59,19 @@ class ProbeFilter:
         self.rail_lost: dict[int, int] = {}  # ... and of those, lost
         self.last_report: dict[int, int] = {}  # rail -> t_ns of its last ProbeLoss
         self.last_side: dict[int, bool] = {}
+        self.tests: dict[tuple[int, str], PathLossTest] = {}  # path -> its sequential loss test
+        self.lossy: set[tuple[int, str]] = set()  # paths it calls lossy now
+        self.before_streak: dict[tuple[int, str], tuple] = {}  # path -> its test's state before its misses in a row
+        self.loss_test = loss_test(probe)
         self.forwarded = 0
         self.absorbed = 0
 
     def reconfigure(self, probe: ProbePolicy) -> None:
-        """New probe settings after a config reload (the windows kept so far stay)."""
+        """New probe settings after a config reload (the windows and the evidence kept so far stay)."""
         self.probe = probe
+        self.loss_test = loss_test(probe)
+        for t in self.tests.values():
+            t.configure(self.loss_test)
 
     def _dead_streak(self) -> int:
         # long enough that heavy random loss (50 % of round trips) almost never looks dead
@@ -92,17 +106,46 @@ class ProbeFilter:
         if answered_before and (ev.ok or ev.peer_elsewhere is not False):
             # a miss while the peer answered on no rail at all is the peer's silence (stalled,
             # overloaded, gone), not loss on this rail
-            self._account(key, ev)
+            if self._account(key, ev):
+                if ev.ok or self._live(key):
+                    self._test(key, ev)
+                elif self.streak.get(key) == self._dead_streak():
+                    self._undo_streak(key, ev)
+
+    def _test(self, key: tuple[int, str], ev: ProbeResult) -> None:
+        t = self.tests.get(key)
+        if t is None:
+            t = self.tests[key] = PathLossTest(self.loss_test)
+        if not ev.ok and self.streak.get(key) == 1:
+            self.before_streak[key] = t.state()
+        probes = t.probes + 1
+        if t.update(ev.ok):
+            self._post_verdict(key, ev, t, probes)
+
+    def _undo_streak(self, key: tuple[int, str], ev: ProbeResult) -> None:
+        """The misses in a row just made the path dead: they were a dead path (or a link down),
+        which BFD's rule and the link state judge, not random loss; take them out of the test,
+        as the loss window does, so that the path's recovery is not held up by them."""
+        t, before = self.tests.get(key), self.before_streak.pop(key, None)
+        if t is not None and before is not None and t.restore(before):
+            self._post_verdict(key, ev, t, t.probes)
+
+    def _post_verdict(self, key: tuple[int, str], ev: ProbeResult, t: PathLossTest, probes: int) -> None:
+        win = self.path_window.get(key)
+        n, lost = (len(win), self.path_lost.get(key, 0)) if win else (0, 0)
+        (self.lossy.add if t.lossy else self.lossy.discard)(key)
+        self.post(PathLossy(ev.rail, ev.peer, t.lossy, ev.t_ns, probes, lost / n if n else None))
 
     def _live(self, key: tuple[int, str]) -> bool:
         return self.streak.get(key, 0) < self._dead_streak()
 
-    def _account(self, key: tuple[int, str], ev: ProbeResult) -> None:
+    def _account(self, key: tuple[int, str], ev: ProbeResult) -> bool:
         """Loss window: per path, and per rail summed over its *live* paths only.  A path whose
         misses in a row reach 20 (or 2 x detect_multiplier) is dead (a blackholed or dead peer): that is
         the path/rail verdict's business, and counting it would mark the whole rail DEGRADED
         for one dead peer.  It counts again from its next answer, with its window restarted
-        there (the dead time is not loss either)."""
+        there (the dead time is not loss either).  Returns False for a miss left out (a probe
+        sent while the path was dead)."""
         rail = ev.rail
         win = self.path_window.get(key)
         if ev.ok and win and not self.streak.get(key, 0) and win[0][0] >= ev.t_ns - self.probe.loss_window_ms * 1_000_000:
@@ -111,9 +154,9 @@ class ProbeFilter:
             win.append((ev.t_ns, True))
             n = self.rail_n[rail] = self.rail_n.get(rail, 0) + 1
             self._report(rail, self.rail_lost.get(rail, 0) / n, n, ev.t_ns)
-            return
+            return True
         if not ev.ok and ev.t_ns < self.revived_ns.get(key, -1) + self.probe.interval_ms * 1_000_000:
-            return  # a probe sent while the path was still dead, lost after it came back: not loss
+            return False  # a probe sent while the path was still dead, lost after it came back: not loss
         was_live = self._live(key)
         self.streak[key] = 0 if ev.ok else self.streak.get(key, 0) + 1
         if win is None:
@@ -143,6 +186,7 @@ class ProbeFilter:
             self.rail_lost[rail] = self.rail_lost.get(rail, 0) + lost
         n = self.rail_n.get(rail, 0)
         self._report(rail, self.rail_lost.get(rail, 0) / n if n else 0.0, n, ev.t_ns)
+        return True
 
     def _report(self, rail: int, ratio: float, n: int, t_ns: int) -> None:
         """Post the rail's ratio at most every REPORT_S, and at once when it crosses the
@@ -152,3 +196,8 @@ class ProbeFilter:
             self.last_side[rail] = side
             self.last_report[rail] = t_ns
             self.post(ProbeLoss(rail, ratio, n, t_ns))
+
+
+def loss_test(probe: ProbePolicy) -> LossTest:
+    """The lossy test's parameters from the ``[probe]`` settings."""
+    return LossTest(probe.healthy_loss, probe.lossy_loss, probe.lossy_alpha, probe.lossy_clear_alpha)
