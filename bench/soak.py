@@ -70,15 +70,18 @@ TARGETS = {"false_failovers": 0, "daemon_cpu_pct_8_rails": 10.0}
 class SoakCluster(BenchCluster):
     """Daemons with the default config plus the probe timers (damping stays on)."""
 
-    def __init__(self, *a, interval_ms: int, multiplier: int, **kw):
+    def __init__(self, *a, interval_ms: int, multiplier: int, realtime_priority: int | None = None, **kw):
         super().__init__(*a, **kw)
         self.interval_ms, self.multiplier = interval_ms, multiplier
+        self.realtime_priority = realtime_priority
 
     def up(self) -> dict:
         desc = super().up()
         for h in desc["hosts"]:
             with open(h["config"], "a", encoding="utf-8") as f:
                 f.write(f"\n[probe]\ninterval_ms = {self.interval_ms}\ndetect_multiplier = {self.multiplier}\n")
+            if self.realtime_priority is not None:
+                self.add_config(h["index"], {"daemon": {"realtime_priority": self.realtime_priority}})
         return desc
 
 
@@ -171,7 +174,8 @@ def run(args) -> dict:
     bfdd, bfd_note = (None, "disabled (--no-bfd)") if args.no_bfd else ensure_bfdd()
     if not args.no_bfd:
         print(f"bfdd: {bfdd or 'unavailable'} ({bfd_note})", flush=True)
-    cl = SoakCluster(args.hosts, args.rails, args.name, args.hold_down_ms, interval_ms=args.interval_ms, multiplier=args.multiplier)
+    cl = SoakCluster(args.hosts, args.rails, args.name, args.hold_down_ms, interval_ms=args.interval_ms, multiplier=args.multiplier,
+                      realtime_priority=args.realtime_priority)
     bfd = None
     t_start = time.monotonic()
     result: dict = {}
@@ -265,7 +269,7 @@ def run(args) -> dict:
         "date_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "machine": machine,
         "params": {k: getattr(args, k) for k in ("hosts", "rails", "interval_ms", "multiplier", "idle_s", "load_s",
-                                                 "busy_loops", "busy_nice", "load_kind", "loss_pct", "duration_s", "hold_down_ms", "name")},
+                                                 "busy_loops", "busy_nice", "load_kind", "realtime_priority", "loss_pct", "duration_s", "hold_down_ms", "name")},
         "targets": TARGETS,
         "bfdd_note": bfd_note,
         **result,
@@ -331,6 +335,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="spin: busy loops; spawn: short processes back to back; mixed: --busy-loops of each")
     ap.add_argument("--busy-nice", type=int, default=0, help="nice increment of the busy processes (negative: they "
                     "outrank the daemons, like a training job given priority)")
+    ap.add_argument("--realtime-priority", type=int, default=None, metavar="N",
+                    help="the daemons' [daemon] realtime_priority (0: the normal policy; default: the config's default)")
     ap.add_argument("--loss-pct", type=int, default=2)
     ap.add_argument("--duration-s", type=float, default=600.0, help="loss phase length; 0 skips it")
     ap.add_argument("--no-bfd", action="store_true")
