@@ -199,6 +199,8 @@ def run(args) -> dict:
         time.sleep(args.settle_s)
         lp_pids, bfd_pids = list(cl.pids), (bfd.pids if bfd else [])
         print(f"idle window {args.idle_s} s ...", flush=True)
+        idle_tot0 = [cl.ask(i).get("totals", {}) for i in range(args.hosts)]
+        idle_down0 = _bfd_down_events(bfd) if bfd else {}
         c0 = {p: _cpu_ns(p) for p in lp_pids + bfd_pids}
         w0 = time.monotonic_ns()
         time.sleep(args.idle_s)
@@ -216,6 +218,12 @@ def run(args) -> dict:
                      for i, p in enumerate(bfd_pids)],
         }
         st = [cl.ask(i) for i in range(args.hosts)]
+        # a healthy idle fabric: every rail DOWN, path DOWN, DEGRADED and route change is false
+        ic = _window_counts(cl, args.hosts, idle_tot0, st)
+        idle_down1 = _bfd_down_events(bfd) if bfd else {}
+        idle["harm"] = {k: sum(c[k] for c in ic) for k in ("false_failovers", "path_down", "degraded", "route_changes")}
+        idle["bfdd_session_down_events"] = ({i: (None if idle_down1.get(i) is None or idle_down0.get(i) is None
+                                                 else idle_down1[i] - idle_down0[i]) for i in idle_down1} if bfd else None)
         idle["probe_counters"] = [{k: v for k, v in s["counters"].items() if k.startswith("probes_")} for s in st]
         result["idle"] = idle
         result["paths_fast"] = [sum(1 for p in s["paths"] if p.get("fast", True)) for s in st]
@@ -288,6 +296,10 @@ def print_report(r: dict) -> None:
         print(f"  linkpass {d['host']}: {d['cpu_pct']:.2f} % for {d['paths']} paths = {d['cpu_pct_per_path']:.2f} % per path")
     for d in idle["bfdd"]:
         print(f"  bfdd     {d['host']}: {d['cpu_pct']:.2f} % for {d['sessions']} session(s) = {d['cpu_pct_per_session']:.2f} % per session")
+    h = idle.get("harm") or {}
+    print(f"  healthy idle fabric: false failovers {h.get('false_failovers')}, path DOWN {h.get('path_down')}, "
+          f"DEGRADED {h.get('degraded')}, route changes {h.get('route_changes')} (target 0 each); "
+          f"bfdd session downs {idle.get('bfdd_session_down_events')}")
     for i, c in enumerate(idle["probe_counters"]):
         print(f"  h{i} probe counters: " + ", ".join(f"{k[7:]}={v}" for k, v in sorted(c.items())))
     load = r.get("load")
