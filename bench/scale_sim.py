@@ -349,7 +349,8 @@ class Sim:
 
     def __init__(self, hosts: int, *, rails: int = 8, sample: int = 32, seed: int = 1, fault: str = "blackhole",
                  rtt_us: float = 30.0, window_s: float | None = None, full_engine_max: int = 2048,
-                 send_cost_ns: int = 4_000, fault_host: int | None = None, fault_rail: int = 0):
+                 send_cost_ns: int = 4_000, fault_host: int | None = None, fault_rail: int = 0,
+                 stop_when_left: bool = True):
         if hosts < 3:
             raise ValueError(f"--hosts {hosts}: at least 3 hosts")
         if rails < 2 or rails * hosts > ADDR_SPACE:
@@ -379,6 +380,7 @@ class Sim:
         self.sweep_s = max(pc.slow_interval_ms / 1000, rails * max(0, hosts - 1 - pc.fast_peers) / left)
         self.window_ns = int((window_s if window_s is not None else 3.2 * self.sweep_s + 5) * S)
         self.send_cost_ns = send_cost_ns
+        self.stop_when_left = stop_when_left  # False: run the whole window (X's own verdict may come after)
         self.verdict_only = hosts > full_engine_max
         self.verdict_step_ns = S
         self._heap: list = []
@@ -446,7 +448,7 @@ class Sim:
                 measured_from = t
                 steady = {i: dict(h.counts) for i, h in self.hosts_sim.items()}  # the 2 s before the fault
             fn(t if arg is None else arg)
-            if not self._pending_detect and self.fault.kind == "blackhole":
+            if self.stop_when_left and not self._pending_detect and self.fault.kind == "blackhole":
                 end = min(end, t)  # every tracked host has left the rail: stop here
         t_end = min(end, t)
         return self._report(steady, t_end, time.process_time() - cpu0, setup_cpu, time.monotonic() - wall0)

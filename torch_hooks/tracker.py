@@ -56,6 +56,7 @@ class Tracker:
         self.batch = 0                        # batches yielded by the current epoch's loader iterator
         self.position_known = False
         self.position_api = False             # set_position() was used
+        self.ff_skipped_saves: set[str] = set()  # where torch.save was skipped during a replay (absolute paths)
         self.step_ms: list[float] = []
         self.step_end_ns: list[int] = []
         self.last_step_ns: int | None = None
@@ -377,6 +378,51 @@ def set_position(epoch: int, batch: int) -> None:
         t.epoch, t.batch, t.position_api = int(epoch), int(batch), True
 
 
+def _path_of(f: Any) -> str | None:
+    """The absolute path ``torch.save`` writes to: a path, or an open file's ``name``."""
+    name = f if isinstance(f, (str, os.PathLike)) else getattr(f, "name", None)
+    if not isinstance(name, (str, os.PathLike)):
+        return None
+    try:
+        return os.path.abspath(os.fspath(name))
+    except (TypeError, ValueError):
+        return None
+
+
+def _patch_renames(t: "Tracker") -> None:
+    """``os.replace`` / ``os.rename`` (and so ``Path.replace``, ``shutil.move``) while a spare
+    replays: the common atomic save (``torch.save(obj, tmp); os.replace(tmp, final)``) must not
+    fail because the skipped save left no ``tmp`` (``FileNotFoundError`` ended the spare), nor
+    move an empty ``tmp`` the script opened itself over the rank's good file.  A rename whose
+    source is missing, or is a file a skipped ``torch.save`` was to write, is not done (and that
+    file, truncated by the script's own ``open``, is removed): the rank this spare replaces
+    already did it.  Outside a replay both are the originals."""
+    if "renames" in _patched:
+        return
+    orig = {"replace": os.replace, "rename": os.rename}
+
+    def wrap(name: str):
+        real = orig[name]
+
+        def renamed(src, dst, *args, **kwargs):
+            if t.fast_forwarding and not args and not kwargs:
+                where = _path_of(src)
+                if where is not None and (where in t.ff_skipped_saves or not os.path.lexists(where)):
+                    if where in t.ff_skipped_saves and os.path.lexists(where):
+                        os.unlink(where)
+                    log.info("os.%s(%s, %s) skipped while this spare replays the script (the rank already did it)",
+                             name, src, dst)
+                    return None
+            return real(src, dst, *args, **kwargs)
+
+        renamed.__wrapped__ = real  # type: ignore[attr-defined]
+        renamed.__doc__ = real.__doc__
+        return renamed
+
+    os.replace, os.rename = wrap("replace"), wrap("rename")
+    _patched["renames"] = orig
+
+
 class _CountingIter:
     """The iterator a tracked DataLoader returns: counts the batches it yields."""
 
@@ -531,12 +577,18 @@ def install() -> Tracker:
 
     def save_unless_replaying(*args, **kwargs):
         if t.fast_forwarding:
-            log.info("torch.save skipped while this spare replays the script up to the rank's position")
+            f = args[1] if len(args) > 1 else kwargs.get("f")
+            where = _path_of(f)
+            if where is not None:
+                t.ff_skipped_saves.add(where)
+            log.info("torch.save%s skipped while this spare replays the script up to the rank's position",
+                     f" to {where}" if where else "")
             return None
         return save(*args, **kwargs)
 
     save_unless_replaying.__doc__, save_unless_replaying.__wrapped__ = save.__doc__, save  # type: ignore[attr-defined]
     torch.save = save_unless_replaying
+    _patch_renames(t)
 
     from torch.optim.optimizer import register_optimizer_step_pre_hook
 

@@ -119,6 +119,7 @@ class Engine:
         self.synced = False
         self._timer_at: int | None = None
         self._plan_usable: frozenset[int] = frozenset()
+        self._plan_announced: frozenset[int] = frozenset()  # the usable rails told to peers (less avoided DEGRADED ones)
         self._plan_path_down: frozenset[tuple[int, str]] = frozenset()  # paths the plan avoids
         self._resync_routes = False
         self._raw_ok: dict[int, bool] = {}       # rail -> last link+probe verdict (flaps while suppressed)
@@ -798,14 +799,22 @@ class Engine:
         actions: list[Action] = []
         path_down = self._avoided_paths(now_ns)
         self._plan_path_down = path_down
-        plan = plan_routes(self.policy, self.local_usable(), self.peer_usable, path_down, self.avoided_degraded())
+        avoid = self.avoided_degraded()
+        plan = plan_routes(self.policy, self.local_usable(), self.peer_usable, path_down, avoid)
         prev_usable = None if self.plan is None else self._plan_usable
         usable = self.local_usable()
-        changed = self.plan is None or plan != self.plan or usable != prev_usable
+        # what peers are told: our usable rails less the DEGRADED ones our own traffic avoids.
+        # A carrier-up fault that only this host sees clearly (its probes over the rail lose)
+        # is then left by every peer at once, not after each peer's own slow sweep misses this
+        # host (tens of seconds at 1,000 hosts; deploy/SCALING.md section 0)
+        announce = usable - avoid
+        prev_announce = None if self.plan is None else self._plan_announced
+        changed = self.plan is None or plan != self.plan or usable != prev_usable or announce != prev_announce
         if changed or force:
             self.generation += 1
             self.plan = plan
             self._plan_usable = usable
+            self._plan_announced = announce
             for n in plan.notes:
                 log.warning("%s", n)
             self._record("plan", now_ns, {"generation": self.generation, "reason": reason, "usable": sorted(usable), "routes": len(plan.routes)})
@@ -818,8 +827,8 @@ class Engine:
             if nccl is not None:
                 actions.append(nccl)
             actions.append(NotifyHooks(self._hook_plan(reason, now_ns)))
-            if prev_usable is None or usable != prev_usable or force:
-                actions.append(SendNotice(self.generation, usable, urgent=True))
+            if prev_usable is None or usable != prev_usable or announce != prev_announce or force:
+                actions.append(SendNotice(self.generation, announce, urgent=True))
         deadlines = [d for h in self.rails.values() if (d := h.next_deadline()) is not None]
         deadlines += [d for dm in self.dampers.values() if (d := dm.next_deadline()) is not None]
         deadline = min(deadlines, default=None)

@@ -228,3 +228,32 @@ def test_the_spare_s_rng_is_the_failed_rank_s_own_when_it_can_be():
     # the rank never reached optimizer step 249: its draws for it are unknown
     assert pick_rng({"steps": 248, "by_step": {248: "s248"}, "pre_step": {248: "pre248"}}, 249)[0] is None
     assert pick_rng({"steps": None}, 3)[0] is None
+
+
+REPLAY_SAVES = """
+import os, sys, torch
+from torch_hooks import tracker
+t = tracker.install()
+final, tmp, tmp2, other = (os.path.join(sys.argv[1], n) for n in ("ckpt.pt", "ckpt.pt.tmp", "ckpt2.tmp", "log.txt"))
+torch.save({"good": 1}, final)                        # the rank's own checkpoint, written before the hand-over
+t.fast_forward(1, 0, lambda: None)                    # the spare replays epoch 0
+torch.save({"replayed": 1}, tmp); os.replace(tmp, final)                      # atomic save: source never written
+with open(tmp2, "wb") as f:
+    torch.save({"replayed": 2}, f)                    # the script opens the file itself: it is truncated
+os.rename(tmp2, final)
+open(other, "w").write("x"); os.replace(other, other + ".1")                    # not a skipped save: really moved
+during = [torch.load(final), os.path.exists(tmp2), os.path.exists(other + ".1")]
+t.on_epoch(object(), 1); list(tracker._CountingIter(iter(range(1)), t))      # live from epoch 1's first batch
+torch.save({"live": 1}, tmp); os.replace(tmp, final)
+print(repr(during + [torch.load(final), t.fast_forwarding]))
+"""
+
+
+def test_a_replaying_spare_skips_the_atomic_saves_the_rank_already_made(tmp_path):
+    """torch.save(obj, tmp); os.replace(tmp, final) in the replayed part of the script: no
+    FileNotFoundError, and the rank's checkpoint is not replaced by an empty or stale file."""
+    pytest.importorskip("torch")
+    p = subprocess.run([sys.executable, "-c", REPLAY_SAVES, str(tmp_path)], capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip() == repr([{"good": 1}, False, True, {"live": 1}, False])

@@ -131,6 +131,29 @@ def test_loss_over_the_window_marks_the_rail_degraded_and_traffic_avoids_it():
     assert 0 not in e.degraded and rails_to(acts, h1_ip) == [0, 1]
 
 
+def test_a_degraded_rail_our_traffic_avoids_is_announced_to_peers_and_back_when_clean():
+    """Peers leave a rail at once when this host's own probes over it lose clearly (carrier up,
+    so nothing else would tell them; deploy/SCALING.md section 0); the rail stays usable here."""
+    cfg, e, _ = engine(1)
+    t = 10 * MS
+    acts = e.handle(ProbeLoss(0, 0.25, 40, t), t) + e.handle(ProbeLoss(1, 0.0, 200, t), t)
+    notes = [a for a in acts if isinstance(a, SendNotice)]
+    assert notes and notes[-1].usable == frozenset({1}) and notes[-1].urgent
+    assert e.local_usable() == frozenset({0, 1})  # DEGRADED is not down: our own state unchanged
+    # nothing new to say while it stays avoided
+    assert not any(isinstance(a, SendNotice) for a in e.handle(ProbeLoss(0, 0.08, 200, t + MS), t + MS))
+    acts = e.handle(ProbeLoss(0, 0.01, 200, t + 2000 * MS), t + 2000 * MS)
+    notes = [a for a in acts if isinstance(a, SendNotice)]
+    assert notes and notes[-1].usable == frozenset({0, 1})
+
+
+def test_a_degraded_rail_with_nothing_better_is_not_announced():
+    cfg, e, _ = engine(1)
+    t = 10 * MS
+    acts = e.handle(ProbeLoss(0, 0.3, 40, t), t) + e.handle(ProbeLoss(1, 0.3, 40, t), t)
+    assert not any(isinstance(a, SendNotice) for a in acts)
+
+
 def test_degraded_rail_still_used_when_it_is_the_only_one():
     cfg, e, _ = engine(1)
     h1_ip = str(cfg.peers[0].host_ip)

@@ -29,8 +29,10 @@ def test_every_affected_host_leaves_the_blackholed_rail():
     assert r["tracked"] == 12 and r["peers_tracked"] == 11
     assert r["peers_detected"] == 11 and r["x_detect_ms"] is not None
     assert all(p["detect_ms"] is not None and p["detect_ms"] >= 0 for p in r["per_host"])
-    # X fails the rail and tells its peers (the rail leaves its usable set)
-    assert r["x_rail_failed_ms"] is not None and r["x_announced"]
+    # X tells its peers: the rail leaves the set it announces, once X fails it or, sooner, once
+    # X's own traffic avoids it as DEGRADED; the run stops when every tracked host has left it
+    assert r["x_announced"]
+    assert r["x_rail_failed_ms"] is not None or r["x_detect_ms"] <= max(p["detect_ms"] for p in r["per_host"])
 
 
 def test_ring_neighbours_of_the_faulted_host_leave_first():
@@ -71,7 +73,7 @@ def test_same_seed_same_run_other_seed_other_run():
 
 
 def test_verdict_only_x_agrees_with_the_real_engine():
-    kw = dict(sample=4, seed=2)
+    kw = dict(sample=4, seed=2, stop_when_left=False)  # the peers leave by X's DEGRADED notice before X fails the rail
     real = _run(24, **kw)
     short = _run(24, full_engine_max=10, **kw)
     assert real["verdict_mode"] == "engine" and short["verdict_mode"] == "verdict-only"
