@@ -130,6 +130,7 @@ class Engine:
         self.loss: dict[int, tuple[float, int]] = {}  # rail -> (loss ratio, samples) from the edge
         self.degraded: set[int] = set()
         self.lossy: dict[tuple[int, str], str] = {}  # path -> why its loss test says it is lossy
+        self._lossy_since: dict[tuple[int, str], int] = {}  # path -> when its loss test called it lossy (ns)
         self._avoided: frozenset[int] = frozenset()  # the DEGRADED rails traffic was last moved off
         self.incidents: deque[dict] = deque(maxlen=INCIDENTS_KEPT)  # recent device incidents, oldest first
         self.at_risk: dict[tuple[str, int], dict] = {}  # (kind, subject) -> the verdict entry while at risk
@@ -164,6 +165,7 @@ class Engine:
         names = self._peer_names = frozenset(p.name for p in policy.peers)
         self.peer_usable = {k: v for k, v in self.peer_usable.items() if k in names}
         self.lossy = {k: v for k, v in self.lossy.items() if k[1] in names and k[0] in self.rails}
+        self._lossy_since = {k: v for k, v in self._lossy_since.items() if k in self.lossy}
         self._netdev_rail = {r.netdev: r.id for r in policy.rails}
         self._rail_peers = {r.id: sum(1 for p in policy.peers if r.id in p.rail_ips) for r in policy.rails}
         self._dsts = all_destinations(policy)
@@ -604,8 +606,25 @@ class Engine:
         failed by its probes or its carrier is left at once by every route, and a peer whose own
         rail failed announces it (``peer_rails``), which the plan follows without waiting."""
         hold = self.policy.probe.detect_multiplier * self.policy.probe.interval_ms * 1_000_000
+        lossy_hold = self._lossy_hold_ns()
         return frozenset(k for k, p in self.paths.items()
-                         if self._path_counts(p) and (k in self.lossy or now_ns - p.since_ns >= hold))
+                         if self._path_counts(p) and (now_ns - self._lossy_since.get(k, now_ns) >= lossy_hold
+                                                      if k in self.lossy else now_ns - p.since_ns >= hold))
+
+    def _lossy_hold_ns(self) -> int:
+        """How long a lossy path alone stays lossy before routes leave it: as long as the loss
+        test takes to clear a path that answers every probe again (22 clean answers at the
+        defaults, ln(1/lossy_clear_alpha) / -ln((1-healthy)/(1-lossy)); 25 fast intervals here).
+        A peer whose daemon stalls for 60-70 ms on a loaded host misses 6-7 probes in a row,
+        which the test reads as heavy loss; it then answers and the verdict clears within this
+        time, so no route moves for it.  A path that stays lossy longer is lossy.  A rail failed
+        by its probes (lossy paths count there at once) is left without waiting."""
+        return 25 * self.policy.probe.interval_ms * 1_000_000
+
+    def _lossy_deadlines(self, now_ns: int) -> list[int]:
+        """When lossy paths still inside :meth:`_lossy_hold_ns` are left (timer deadlines)."""
+        hold = self._lossy_hold_ns()
+        return [t + hold for t in self._lossy_since.values() if t + hold > now_ns]
 
     def _fresh(self, p: PathHealth, now_ns: int) -> bool:
         """A SUSPECT or DOWN path's verdict is current when a result came within two slow
@@ -649,17 +668,19 @@ class Engine:
     def _on_lossy(self, ev: PathLossy, now_ns: int) -> list[Action]:
         """The sequential loss test of a path changed its verdict.  A lossy path counts against
         its rail like a DOWN path whose peer answers elsewhere (:meth:`_path_counts`; the test
-        only sees misses while the peer was heard elsewhere or could not be), and routes leave it
-        at once: its verdict already rests on tens of probes, not on one detection time."""
+        only sees misses while the peer was heard elsewhere or could not be); routes leave a lossy
+        path alone after :meth:`_lossy_hold_ns` (a timer), a rail it fails at once."""
         key = (ev.rail, ev.peer)
         if ev.rail not in self.rails or ev.peer not in self._peer_names or (key in self.lossy) == ev.lossy:
             return []
         loss = None if ev.loss is None else round(ev.loss, 4)
         if ev.lossy:
+            self._lossy_since[key] = now_ns
             self.lossy[key] = (f"{ev.probes} probes judged lossy (loss {loss if loss is not None else '?'}, "
                                f">= {self.policy.probe.lossy_loss} by the sequential test)")
         else:
             del self.lossy[key]
+            self._lossy_since.pop(key, None)
         self._record("lossy" if ev.lossy else "lossy_cleared", now_ns,
                      {"rail": ev.rail, "peer": ev.peer, "probes": ev.probes, "loss": loss, "event_t_ns": ev.t_ns})
         log.warning("path rail %d -> %s: %s after %d probes (loss over the window %s)", ev.rail, ev.peer,
@@ -668,7 +689,7 @@ class Engine:
         if self._reverdict(ev.t_ns, now_ns):
             changed = True
         if not changed or not self.synced:
-            return []
+            return self._arm(now_ns) if ev.lossy and self.synced else []  # the lossy hold's end
         return self._replan(now_ns, f"probe loss test on rail {ev.rail}")
 
     def _on_loss(self, ev: ProbeLoss, now_ns: int) -> list[Action]:
@@ -829,13 +850,19 @@ class Engine:
             actions.append(NotifyHooks(self._hook_plan(reason, now_ns)))
             if prev_usable is None or usable != prev_usable or announce != prev_announce or force:
                 actions.append(SendNotice(self.generation, announce, urgent=True))
+        return actions + self._arm(now_ns)
+
+    def _arm(self, now_ns: int) -> list[Action]:
+        """A :class:`SetTimer` for the earliest deadline (hold-downs, damping, lossy holds) when
+        it differs from the one asked for last; [] otherwise."""
         deadlines = [d for h in self.rails.values() if (d := h.next_deadline()) is not None]
         deadlines += [d for dm in self.dampers.values() if (d := dm.next_deadline()) is not None]
+        deadlines += self._lossy_deadlines(now_ns)
         deadline = min(deadlines, default=None)
         if deadline is not None and deadline != self._timer_at:
             self._timer_at = deadline
-            actions.append(SetTimer(deadline))
-        return actions
+            return [SetTimer(deadline)]
+        return []
 
     # ------------------------------------------------------------------ status
 

@@ -288,3 +288,33 @@ def test_bad_loss_test_settings_get_one_clear_error(text, where):
         parse_config(make_toml() + f"\n[probe]\n{text}\n", "t.toml")
     msg = str(ei.value)
     assert where in msg and "Traceback" not in msg
+
+
+def _h1_rails(e, cfg):
+    h1_ip = str(cfg.peers[0].host_ip)
+    return {r.dst: sorted(n.rail for n in r.nexthops) for r in e.plan.routes}[f"{h1_ip}/32"]
+
+
+def test_a_lossy_path_alone_is_left_only_once_it_stays_lossy_past_the_hold():
+    """A peer's daemon that stalls for 70 ms on a loaded host looks like heavy loss to the test
+    and answers again at once: within the hold the verdict clears and no route moves; a path that
+    stays lossy is left when the hold ends (the engine's own timer)."""
+    from linkpass.core.model import SetTimer, Tick
+
+    cfg, e = engine_with(2)
+    t = drive(e, cfg, 0.0, 5, seed=1, peers=("h1", "h2"))
+    hold = e._lossy_hold_ns()
+    assert hold == 25 * cfg.probe.interval_ms * MS
+    gen = e.generation
+    acts = e.handle(PathLossy(0, "h1", True, t), t)
+    assert _h1_rails(e, cfg) == [0, 1] and e.generation == gen
+    assert any(isinstance(a, SetTimer) and a.at_ns == t + hold for a in acts)
+    e.handle(PathLossy(0, "h1", False, t + hold // 2), t + hold // 2)  # the stall ended: cleared
+    e.handle(Tick(t + hold), t + hold)
+    assert _h1_rails(e, cfg) == [0, 1] and e.generation == gen
+    # lossy for good this time: the timer's tick moves h1's traffic off rail 0
+    t2 = t + 2 * hold
+    e.handle(PathLossy(0, "h1", True, t2), t2)
+    assert _h1_rails(e, cfg) == [0, 1]
+    e.handle(Tick(t2 + hold), t2 + hold)
+    assert _h1_rails(e, cfg) == [1]
