@@ -2,8 +2,10 @@
 wait behind the host's busy threads for the CPU.
 
 With ``[daemon] realtime_priority = N`` (1-99) every thread of the daemon runs under
-``SCHED_RR`` at priority N (sched(7)), with ``SCHED_RESET_ON_FORK`` so the programs it runs
-(``ip``, ``nft``) start as normal processes.  Busy ``SCHED_OTHER`` threads (data loaders,
+``SCHED_RR`` at priority N (sched(7)); threads it starts later inherit it.  Not with
+``SCHED_RESET_ON_FORK``: that flag also resets the threads a process creates (they are made by
+``clone``, like a fork), so only the calling thread would stay real-time.  The daemon starts no
+programs (routes over netlink, sysctls through /proc).  Busy ``SCHED_OTHER`` threads (data loaders,
 compilers) can then delay the daemon by a scheduler tick at most, instead of a share of the
 CPU: the same choice corosync makes for its heartbeat (it runs ``SCHED_RR`` at the highest
 priority unless started with ``-p``; corosync(8)) and keepalived offers (``vrrp_rt_priority``,
@@ -50,12 +52,11 @@ def apply(priority: int) -> dict:
     if priority <= 0:
         policy, param = os.SCHED_OTHER, os.sched_param(0)
     else:
-        policy, param = os.SCHED_RR | os.SCHED_RESET_ON_FORK, os.sched_param(priority)
+        policy, param = os.SCHED_RR, os.sched_param(priority)
     error = None
     for tid in _tasks():
         try:
-            if (os.sched_getscheduler(tid) & ~os.SCHED_RESET_ON_FORK == policy & ~os.SCHED_RESET_ON_FORK
-                    and os.sched_getparam(tid).sched_priority == param.sched_priority):
+            if os.sched_getscheduler(tid) == policy and os.sched_getparam(tid).sched_priority == param.sched_priority:
                 continue  # already so (systemd's CPUSchedulingPolicy=): raising needs CAP_SYS_NICE even to the same value
             os.sched_setscheduler(tid, policy, param)
         except ProcessLookupError:  # a thread that ended meanwhile
@@ -65,7 +66,7 @@ def apply(priority: int) -> dict:
                      "running at the normal policy, so busy threads on this host can delay probes"
                      if priority > 0 else f"cannot return to the normal policy ({e.strerror or e})")
             break
-    now = os.sched_getscheduler(0) & ~os.SCHED_RESET_ON_FORK
+    now = os.sched_getscheduler(0)
     cur = os.sched_getparam(0).sched_priority
     return {"policy": "rr" if now == os.SCHED_RR else "fifo" if now == os.SCHED_FIFO else "other",
             "priority": cur, "asked": priority, "error": error}

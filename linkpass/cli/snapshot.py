@@ -55,6 +55,12 @@ def cmd_snapshot(args) -> int:
     attempt = args.attempt or 0
     if args.attempt is not None and args.attempt < 0:
         return _fail(f"--attempt {args.attempt}: must not be negative", 2)
+    if not args.job.strip():
+        return _fail("--job: empty (the job's name: LINKPASS_JOB, else torchrun's run id)", 2)
+    if not (args.timeout > 0 and args.timeout != float("inf")):  # also refuses nan
+        return _fail(f"--timeout {args.timeout}: must be a positive number of seconds", 2)
+    if args.json and not args.wait:
+        return _fail("--json needs --wait (without it the command only asks for the snapshot)", 2)
     if args.store:
         addr = args.store
     else:

@@ -125,7 +125,7 @@ class DaemonSection(_Strict):
     realtime_priority: StrictInt = Field(REALTIME_PRIORITY_DEFAULT, ge=0, le=99, description="Run every thread of the daemon "
                                          "under SCHED_RR at this priority (1-99; 0: the normal policy), so busy threads on the "
                                          "host cannot delay probes into false losses (needs CAP_SYS_NICE; without it the daemon "
-                                         "runs on at the normal policy and says so in status). Programs it starts run at the normal policy.")
+                                         "runs on at the normal policy and says so in status).")
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log level (`linkpass run --log-level` overrides it).")
 
     @field_validator("host")
