@@ -584,8 +584,10 @@ class Engine:
         (``peer_elsewhere``); where it could not (None), the engine's own picture decides: the
         peer has another path UP, or no other path at all (then the ends cannot be told apart).
         A path its sequential loss test calls lossy counts whatever its state (:meth:`_on_lossy`)."""
-        if (p.rail, p.peer) in self.lossy:
-            return True
+        return (p.rail, p.peer) in self.lossy or self._down_counts(p)
+
+    def _down_counts(self, p: PathHealth) -> bool:
+        """The DOWN part of :meth:`_path_counts` (BFD's rule, whatever the loss test says)."""
         if p.state != PathState.DOWN:
             return False
         if p.peer_elsewhere is not None:
@@ -608,8 +610,8 @@ class Engine:
         hold = self.policy.probe.detect_multiplier * self.policy.probe.interval_ms * 1_000_000
         lossy_hold = self._lossy_hold_ns()
         return frozenset(k for k, p in self.paths.items()
-                         if self._path_counts(p) and (now_ns - self._lossy_since.get(k, now_ns) >= lossy_hold
-                                                      if k in self.lossy else now_ns - p.since_ns >= hold))
+                         if (k in self.lossy and now_ns - self._lossy_since.get(k, now_ns) >= lossy_hold)
+                         or (self._down_counts(p) and now_ns - p.since_ns >= hold))
 
     def _lossy_hold_ns(self) -> int:
         """How long a lossy path alone stays lossy before routes leave it: as long as the loss

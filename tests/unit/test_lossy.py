@@ -318,3 +318,13 @@ def test_a_lossy_path_alone_is_left_only_once_it_stays_lossy_past_the_hold():
     assert _h1_rails(e, cfg) == [0, 1]
     e.handle(Tick(t2 + hold), t2 + hold)
     assert _h1_rails(e, cfg) == [1]
+
+
+def test_a_dead_path_is_left_at_bfds_hold_even_while_its_loss_test_holds():
+    cfg, e = engine_with(2)
+    t = drive(e, cfg, 0.0, 5, seed=1, peers=("h1", "h2"))
+    # every probe to h1 over rail 0 lost from now on (h1 answers on rail 1): 120 ms of it is
+    # far inside the lossy hold (250 ms) but past BFD's detection time plus its hold (60 ms)
+    drive(e, cfg, 1.0, 12, seed=2, peers=("h1", "h2"), t0=t, lossy_peers={"h1"})
+    assert e.paths[(0, "h1")].state.value == "DOWN"
+    assert _h1_rails(e, cfg) == [1]
