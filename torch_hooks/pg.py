@@ -837,17 +837,19 @@ class ResilientProcessGroup(dist.ProcessGroup):
         t.start()
 
     def _grace_expired(self, token: int) -> None:
+        # the group's new state first, then the parked work fails: a caller woken by that failure
+        # may submit again at once, and its collective must see the new state (parked behind a
+        # grace that has already passed, it would wait forever)
         with self._lock:
             if token != self._grace_token or self._state != _BROKEN:
                 return
+            self._no_park = True  # until a rebuild: nobody is rebuilding, so do not make every error wait
+            if self._inner is not None:
+                self._state = _READY  # an error nobody rebuilt for: the group runs on, as torch's would
+            else:
+                self._gave_up = True  # aborted and never rebuilt: new collectives fail at once
         n = self.fail_parked(RuntimeError(
             f"linkpass: the inner group of {self._gname or '?'} failed and no rebuild followed within {self.error_grace_s} s"))
-        with self._lock:
-            self._no_park = True  # until a rebuild: nobody is rebuilding, so do not make every error wait
-            if self._state == _BROKEN and self._inner is not None:
-                self._state = _READY  # an error nobody rebuilt for: the group runs on, as torch's would
-            elif self._state == _BROKEN:
-                self._gave_up = True  # aborted and never rebuilt: new collectives fail at once
         if n:
             log.error("group %s: %d collectives failed: no rebuild within %.1f s", self._gname or "?", n, self.error_grace_s)
 
