@@ -299,6 +299,8 @@ class CounterPoller:
         deadline_s: the most one poll waits for its reads (see the module docstring).
         workers: reader threads.
         clock: monotonic ns (tests pass a fake).
+        wait: ``wait(futures, timeout) -> (done, pending)``, how a poll waits for its reads
+            (``concurrent.futures.wait``; tests pass one that returns on an event, not a time).
     """
 
     rails: list[RailSource]
@@ -308,6 +310,7 @@ class CounterPoller:
     deadline_s: float = 2.0
     workers: int = 4
     clock: Callable[[], int] = time.monotonic_ns
+    wait: Callable[..., tuple[set, set]] = cf.wait
 
     def __post_init__(self) -> None:
         self.root = Path(self.root)
@@ -471,7 +474,7 @@ class CounterPoller:
                                               f"NVML GPU {idx}: an earlier call has not returned; skipped", now))
                 continue
             jobs[self._pool.submit(fn)] = ("nvml", (key, idx))
-        done, pending = cf.wait(jobs, timeout=self.deadline_s)
+        done, pending = self.wait(jobs, timeout=self.deadline_s)
         for fut in pending:
             what, x = jobs[fut]
             self.counters["timeouts"] += 1
