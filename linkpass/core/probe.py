@@ -180,6 +180,9 @@ class ReplyGuard:
 
     def __init__(self, memory: int = 8192) -> None:
         self._pending: dict[int, Pending] = {}
+        # (rail, peer) -> its outstanding probes by seq (sent order): a reply's path is looked
+        # at without a scan of every path's probes (thousands a second at 8 rails x 4 peers)
+        self._by_path: dict[tuple[int, str], dict[int, Pending]] = {}
         self._deadlines: list[tuple[int, int]] = []  # heap of (deadline_ns, seq), lazily pruned
         self._done: dict[int, str] = {}  # seq -> "answered" | "expired", insertion ordered
         self._memory = memory
@@ -198,9 +201,18 @@ class ReplyGuard:
         if p.seq in self._pending or p.seq in self._done:
             raise ValueError(f"seq {p.seq} was already used")
         self._pending[p.seq] = p
+        self._by_path.setdefault((p.rail, p.peer), {})[p.seq] = p
         heapq.heappush(self._deadlines, (p.deadline_ns, p.seq))
         self._lo = p.seq if self._lo is None else min(self._lo, p.seq)
         self._hi = p.seq if self._hi is None else max(self._hi, p.seq)
+
+    def _drop(self, p: Pending) -> None:
+        del self._pending[p.seq]
+        mine = self._by_path.get((p.rail, p.peer))
+        if mine is not None:
+            mine.pop(p.seq, None)
+            if not mine:
+                del self._by_path[(p.rail, p.peer)]
 
     def _finish(self, seq: int, how: str) -> None:
         self._done[seq] = how
@@ -236,7 +248,7 @@ class ReplyGuard:
                              f"the probe went to {p.peer}/rail {p.rail} at {p.sent_ns}")
         if now_ns >= p.deadline_ns:
             raise ProbeError("late", f"reply to seq {reply.seq} {(now_ns - p.deadline_ns) / 1e6:.3f} ms after its deadline")
-        del self._pending[reply.seq]
+        self._drop(p)
         self._finish(reply.seq, "answered")
         return p
 
@@ -246,8 +258,9 @@ class ReplyGuard:
         dl = self._deadlines
         while dl and dl[0][0] <= now_ns:
             _, seq = heapq.heappop(dl)
-            p = self._pending.pop(seq, None)
+            p = self._pending.get(seq)
             if p is not None:
+                self._drop(p)
                 self._finish(seq, "expired")
                 out.append(p)
         return out
@@ -257,18 +270,21 @@ class ReplyGuard:
         ``t_ns`` (oldest first): a reply of that path that arrived at ``t_ns`` comes after them,
         so they are lost before it counts.  Other paths are left alone: their replies may still
         wait, unread, in another socket's queue."""
-        out = [p for p in self._pending.values() if p.rail == rail and p.peer == peer and p.deadline_ns <= t_ns]
+        mine = self._by_path.get((rail, peer))
+        if not mine:
+            return []
+        out = [p for p in mine.values() if p.deadline_ns <= t_ns]
         for p in out:
-            del self._pending[p.seq]
+            self._drop(p)
             self._finish(p.seq, "expired")
         return sorted(out, key=lambda p: p.seq)
 
     def expire_path(self, rail: int, peer: str) -> list[Pending]:
         """Remove and return every outstanding probe of one path now, before its deadline (the
         path has been silent for the whole detection time: waiting longer adds nothing)."""
-        out = [p for p in self._pending.values() if p.rail == rail and p.peer == peer]
+        out = list(self._by_path.get((rail, peer), {}).values())
         for p in out:
-            del self._pending[p.seq]
+            self._drop(p)
             self._finish(p.seq, "expired")
         return sorted(out, key=lambda p: p.seq)
 
@@ -282,10 +298,10 @@ class ReplyGuard:
     def forget(self, keep: Iterable[tuple[int, str]]) -> int:
         """Drop, without reporting, outstanding probes whose (rail, peer) is not in ``keep``."""
         keep = set(keep)
-        gone = [s for s, p in self._pending.items() if (p.rail, p.peer) not in keep]
-        for s in gone:
-            del self._pending[s]
-            self._finish(s, "expired")
+        gone = [p for p in self._pending.values() if (p.rail, p.peer) not in keep]
+        for p in gone:
+            self._drop(p)
+            self._finish(p.seq, "expired")
         return len(gone)
 
 
@@ -438,6 +454,7 @@ class Schedule:
     # ------------------------------------------------------------ configuration
 
     def _arrange(self, now_ns: int) -> None:
+        self.version = getattr(self, "version", 0) + 1  # callers cache what they derive from the sets
         fast: list[tuple[int, str]] = []
         slow: list[tuple[int, str]] = []
         per_rail_slow: dict[int, list[str]] = {}

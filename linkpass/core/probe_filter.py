@@ -148,12 +148,24 @@ class ProbeFilter:
         sent while the path was dead)."""
         rail = ev.rail
         win = self.path_window.get(key)
-        if ev.ok and win and not self.streak.get(key, 0) and win[0][0] >= ev.t_ns - self.probe.loss_window_ms * 1_000_000:
-            # the common case, kept cheap (thousands a second): an answer on a live path whose
-            # window has nothing to expire
-            win.append((ev.t_ns, True))
-            n = self.rail_n[rail] = self.rail_n.get(rail, 0) + 1
-            self._report(rail, self.rail_lost.get(rail, 0) / n, n, ev.t_ns)
+        if ev.ok and win and not self.streak.get(key, 0):
+            # the common case, kept cheap (thousands a second): an answer on a live path; what
+            # leaves its window leaves the rail's totals too
+            t = ev.t_ns
+            win.append((t, True))
+            n = self.rail_n.get(rail, 0) + 1
+            horizon = t - self.probe.loss_window_ms * 1_000_000
+            if win[0][0] < horizon:
+                gone_lost = 0
+                while win[0][0] < horizon:  # never empties: the answer just added is inside
+                    if not win.popleft()[1]:
+                        gone_lost += 1
+                    n -= 1
+                if gone_lost:
+                    self.path_lost[key] -= gone_lost
+                    self.rail_lost[rail] -= gone_lost
+            self.rail_n[rail] = n
+            self._report(rail, self.rail_lost.get(rail, 0) / n if n else 0.0, n, t)
             return True
         if not ev.ok and ev.t_ns < self.revived_ns.get(key, -1) + self.probe.interval_ms * 1_000_000:
             return False  # a probe sent while the path was still dead, lost after it came back: not loss

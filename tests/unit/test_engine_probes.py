@@ -252,6 +252,32 @@ def test_loss_ratio_leaves_out_dead_paths_but_counts_lossy_ones():
     assert f.rail_lost[0] == 1
 
 
+def test_loss_window_totals_equal_a_recount_of_the_live_paths_windows():
+    """The rail totals are kept incrementally (a cheap path for an answer on a live path, a
+    full one otherwise); after every result they must equal a recount from the windows."""
+    import random
+
+    from linkpass.core.probe_filter import ProbeFilter
+
+    cfg = make_cfg(rails=(0,), n_peers=3, hold_down_ms=100)
+    f = ProbeFilter(probe_policy(cfg.probe), [].append)
+    rng = random.Random(11)
+    t = 0
+    loss = {"h1": 0.05, "h2": 0.4, "h3": 0.0}
+    for i in range(3000):
+        t += rng.choice((1, 3, 10, 10, 10, 40)) * MS
+        peer = rng.choice(sorted(loss))
+        dead = peer == "h3" and 1200 <= i < 1500  # h3 dies for a while, then answers again
+        f(ProbeResult(0, peer, not dead and rng.random() >= loss[peer], t, rtt_ns=1))
+        live = [k for k in f.path_window if f._live(k)]
+        assert f.rail_n.get(0, 0) == sum(len(f.path_window[k]) for k in live)
+        assert f.rail_lost.get(0, 0) == sum(1 for k in live for _, ok in f.path_window[k] if not ok)
+        for k, win in f.path_window.items():
+            assert f.path_lost[k] == sum(1 for _, ok in win if not ok)
+            horizon = win[-1][0] - f.probe.loss_window_ms * MS if win else 0
+            assert all(tt >= horizon for tt, _ in win) or not f._live(k) or f.streak.get(k)
+
+
 def test_equally_lossy_rails_keep_their_traffic_a_better_rail_takes_it():
     cfg, e, _ = engine(1)
     h1_ip = str(cfg.peers[0].host_ip)
