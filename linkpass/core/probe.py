@@ -40,9 +40,10 @@ from __future__ import annotations
 
 import heapq
 import struct
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from linkpass.core.wire import MAC_LEN, WireError, open_sealed, seal
 
@@ -75,9 +76,9 @@ class ProbeError(WireError):
 
 
 
-@dataclass(frozen=True)
-class Probe:
-    """A decoded probe request or reply (see the module docstring for the fields)."""
+class Probe(NamedTuple):
+    """A decoded probe request or reply (see the module docstring for the fields).  A named
+    tuple, not a frozen dataclass: one is made per datagram, and it is a third of the cost."""
 
     type: int
     sender: str
@@ -149,9 +150,8 @@ def decode(data: bytes, key: bytes) -> Probe:
 # --------------------------------------------------------------------------- reply guard
 
 
-@dataclass(frozen=True)
-class Pending:
-    """One probe sent and not yet answered.
+class Pending(NamedTuple):
+    """One probe sent and not yet answered (a named tuple: one per probe sent).
 
     Attributes:
         rail: local rail id it left on.
@@ -184,7 +184,10 @@ class ReplyGuard:
         # at without a scan of every path's probes (thousands a second at 8 rails x 4 peers)
         self._by_path: dict[tuple[int, str], dict[int, Pending]] = {}
         self._deadlines: list[tuple[int, int]] = []  # heap of (deadline_ns, seq), lazily pruned
-        self._done: dict[int, str] = {}  # seq -> "answered" | "expired", insertion ordered
+        # seq -> "answered" | "expired", oldest first.  An OrderedDict: dropping a plain dict's
+        # first key over and over makes next(iter()) step over the deleted slots (2.1 against
+        # 0.2 us per probe at 8,192 remembered)
+        self._done: OrderedDict[int, str] = OrderedDict()
         self._memory = memory
         self._lo: int | None = None  # lowest seq ever added
         self._hi: int | None = None  # highest seq ever added
@@ -217,7 +220,7 @@ class ReplyGuard:
     def _finish(self, seq: int, how: str) -> None:
         self._done[seq] = how
         while len(self._done) > self._memory:
-            del self._done[next(iter(self._done))]
+            self._done.popitem(last=False)
 
     def check(self, reply: Probe, now_ns: int) -> Pending:
         """Accept ``reply`` (already authenticated, addressed to us) for its outstanding probe.

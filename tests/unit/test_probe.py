@@ -241,7 +241,7 @@ def test_unknown_seq_is_unexpected():
 def test_reply_not_matching_its_probe_is_unexpected_and_the_probe_stays(field, value):
     g = ReplyGuard()
     r = sent(g, 5)
-    bad = Probe(**{**r.__dict__, field: value})
+    bad = r._replace(**{field: value})
     assert kind_of(g, bad, 101 * MS) == "unexpected"
     assert g.check(r, 101 * MS).seq == 5  # the real reply still counts
 
