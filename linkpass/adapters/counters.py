@@ -41,11 +41,31 @@ Sources (paths under ``root``):
   raises ``NVML_ERROR_NOT_SUPPORTED`` is not a problem: that counter does not exist there.
 
 Bounded reads: reading an RDMA PMA counter sends a MAD to the HCA's firmware and an NVML call
-talks to the driver; either can hang.  :class:`CounterPoller` runs every read in a small pool of
-worker threads and waits for the poll at most ``deadline_s``; a read not done by then is a
-``timeout`` problem and its path (or NVML GPU) is skipped in later polls until that read has
-returned, so a hung file ties up one worker, never the daemon.  The thread itself cannot be
-killed (a blocked ``read(2)`` in sysfs is uninterruptible); that is why hung paths are skipped.
+talks to the driver; either can hang.  :class:`CounterPoller` waits for a poll at most
+``deadline_s``; a read not back by then is a ``timeout`` problem and its path (or NVML GPU) is
+skipped in later polls until that read has returned ("has not returned"), so a hung file ties
+up one reader thread, never the daemon.  The thread itself cannot be killed (a blocked
+``read(2)`` in sysfs is uninterruptible); that is why hung paths are skipped.
+
+How a poll reads: ONE reader thread runs the poll's reads in plan order and the polling thread
+sleeps until the last is back, so a poll costs two thread hand-offs.  (A future per read in a
+pool, as before, cost a GIL and condition hand-off per tiny read: ~9,400 futex calls a second
+at 8 rails, most of the daemon's CPU.)  Reading in the polling thread itself would cost none,
+but a hung read would then hang the poll.  If no read starts or returns for ``stall_s``
+while reads are left to start, the read in progress is presumed stuck and another reader takes
+the next read not started, and so on, with at most ``workers`` readers busy (stuck ones
+included, those of earlier polls too); a stuck read that returns before the deadline counts,
+and its thread goes on with what is left.  At ``deadline_s`` a read started and not back is a
+timeout (its key is skipped until it returns) and a read never started, because every reader
+was stuck, is a timeout saying so (tried again next poll).  ``stall_s`` defaults to
+``min(0.25, deadline_s / 4)``: a healthy sysfs or NVML read takes microseconds to a few
+milliseconds, so 250 ms is far above a slow healthy one, and a stall presumed wrongly costs
+only one more reader thread for a while (the results are the same), while a real hang delays
+the reads after it by at most a quarter of the 1 s poll interval; ``deadline_s / 4`` leaves
+room for three stuck reads in one poll under a short deadline.  The plan (every read's paths and precomputed strings; the hwmon module channel
+once found) is cached and made again every ``replan_polls`` polls (a ``hw_counters`` file that
+appears later is picked up) and after a poll where a read found a file gone or unreadable (a
+driver reload).
 
 Bad input never raises: a file that is not a number is ``garbage``, a truncated AER file
 without its TOTAL line is ``garbage``, a file or device that is gone is ``vanished``, any
@@ -58,6 +78,7 @@ import concurrent.futures as cf
 import importlib
 import os
 import re
+import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -82,6 +103,7 @@ _SENSOR = re.compile(r"sensor(\d+)")
 MODULE_SENSOR_BASE = 64
 #: the most bytes read from one file: a counter is a line, an AER file a few hundred bytes
 MAX_READ = 8192
+_O_READ = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
 
 
 class ReadError(Exception):
@@ -93,20 +115,25 @@ class ReadError(Exception):
         self.detail = detail
 
 
-def _read(path: Path, shown: str | None = None) -> str:
-    """A sysfs file's text; ``shown``: the path as problems name it (the path under the root)."""
-    where = shown or str(path)
+def _read(path: str | Path, shown: str | None = None) -> str:
+    """A sysfs file's text; ``shown``: the path as problems name it (the path under the root).
+    One ``read(2)`` of at most :data:`MAX_READ` bytes: sysfs hands an attribute's whole text to
+    the first read (``kernfs_fop_read_iter``), and an open/read/close on an fd is half the cost
+    of a buffered file object."""
     try:
-        with open(path, "rb") as f:
-            data = f.read(MAX_READ)
+        fd = os.open(path, _O_READ)
+        try:
+            data = os.read(fd, MAX_READ)
+        finally:
+            os.close(fd)
     except FileNotFoundError:
-        raise ReadError("vanished", f"{where}: gone") from None
+        raise ReadError("vanished", f"{shown or path}: gone") from None
     except OSError as e:
-        raise ReadError("unreadable", f"{where}: {e.strerror or e}") from None
+        raise ReadError("unreadable", f"{shown or path}: {e.strerror or e}") from None
     try:
         return data.decode("ascii")
     except UnicodeDecodeError:
-        raise ReadError("garbage", f"{where}: not ASCII text ({data[:16]!r})") from None
+        raise ReadError("garbage", f"{shown or path}: not ASCII text ({data[:16]!r})") from None
 
 
 def parse_counter(text: str, where: str) -> int:
@@ -201,16 +228,56 @@ def upstream_ports(root: str | Path, bdf: str) -> list[str]:
     return out
 
 
-@dataclass
+#: a result slot whose read has not returned
+_PENDING = object()
+
+
+@dataclass(eq=False)
 class _Read:
-    """One planned read: a key for the hung-read bookkeeping, and what it yields."""
+    """One planned read: a key for the hung-read bookkeeping, and what it yields.  ``fn``
+    returns samples (``nvml``: ``(samples, [(counter, problem, detail)])`` as
+    :meth:`NvmlCounters.read`) or raises :class:`ReadError`.  ``optional``: a file that is gone
+    is no counter and no problem (which ``hw_counters`` exist depends on the driver)."""
 
     key: str
-    fn: Callable[[], list[CounterSample]]
+    fn: Callable[[], Any]
     kind: str
     subject: int
     counter: str
     source: str
+    nvml: bool = False
+    optional: bool = False
+
+    @property
+    def label(self) -> str:
+        return f"NVML GPU {self.subject}" if self.nvml else self.source
+
+
+class PollProgress:
+    """One poll's reads as its reader threads go through them, in plan order: ``n`` reads, the
+    first ``started`` of them started (the rest not), ``returned`` of them back, ``stalls``:
+    times the poll saw no read start or return for ``stall_s`` while reads were left to start.
+    Written under the poller's lock; what :attr:`CounterPoller.over` is given."""
+
+    __slots__ = ("reads", "n", "results", "started", "returned", "stalls", "closed", "t_progress", "over")
+
+    def __init__(self, reads: list[_Read], over: Callable[["PollProgress"], bool] | None):
+        self.reads = reads
+        self.n = len(reads)
+        self.results: list[Any] = [_PENDING] * self.n
+        self.started = self.returned = self.stalls = 0
+        self.closed = False
+        self.t_progress = 0.0
+        self.over = over
+
+    def done(self) -> bool:
+        """True when the poll's wait is over (every read back; or what the ``over`` hook says)."""
+        if self.over is None:
+            return self.returned >= self.n
+        try:
+            return bool(self.over(self))
+        except Exception:  # a broken test hook ends the wait rather than wedging a reader thread
+            return True
 
 
 class NvmlCounters:
@@ -290,17 +357,27 @@ class NvmlCounters:
 
 @dataclass
 class CounterPoller:
-    """Reads every counter of the host once per :meth:`poll`.
+    """Reads every counter of the host once per :meth:`poll` (how, and why so: the module
+    docstring, "Bounded reads").
 
     Args:
         rails, gpus: what to read (:meth:`from_topology` builds them from discovery).
         root: the sysfs root (``"/"`` live; a captured tree in tests).
         nvml: ``pynvml`` or a fake; None: no NVML counters.
-        deadline_s: the most one poll waits for its reads (see the module docstring).
-        workers: reader threads.
-        clock: monotonic ns (tests pass a fake).
-        wait: ``wait(futures, timeout) -> (done, pending)``, how a poll waits for its reads
-            (``concurrent.futures.wait``; tests pass one that returns on an event, not a time).
+        deadline_s: the most one poll waits for its reads.
+        workers: the most reader threads busy at once, those stuck in a hung read included.
+        stall_s: no read started or returned for this long while reads are left to start: the
+            read in progress is presumed stuck and another reader goes on with the rest.
+            None: ``min(0.25, deadline_s / 4)``.
+        replan_polls: the plan (every read's paths and strings) is made again every this many
+            polls, and on the poll after one where a read found a file gone or unreadable.
+        clock: monotonic ns for samples and problems (tests pass a fake).
+        over: test hook, ``over(progress: PollProgress) -> bool``: when given, the poll's wait
+            ends as soon as it returns True (it is asked each time a read starts or returns and
+            on each stall check) instead of when every read is back; ``deadline_s`` still
+            bounds the wait.  What is not back then is treated as at the deadline.  Tests end a
+            poll on an event with it (``lambda p: p.started == p.n and p.returned >= p.n - 1``:
+            every read but the hung one back), not at a time the healthy reads must beat.
     """
 
     rails: list[RailSource]
@@ -309,16 +386,24 @@ class CounterPoller:
     nvml: Any = None
     deadline_s: float = 2.0
     workers: int = 4
+    stall_s: float | None = None
+    replan_polls: int = 30
     clock: Callable[[], int] = time.monotonic_ns
-    wait: Callable[..., tuple[set, set]] = cf.wait
+    over: Callable[[PollProgress], bool] | None = None
 
     def __post_init__(self) -> None:
         self.root = Path(self.root)
         self._pool = cf.ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="linkpass-counters")
-        self._hung: dict[str, cf.Future] = {}
+        self._cond = threading.Condition(threading.Lock())
+        self._busy = 0  # reader threads in a poll's reads (hung ones included); under _cond
+        self._closed = False
+        self._hung: dict[str, tuple[PollProgress, int]] = {}
         self._nv = NvmlCounters(self.nvml) if self.nvml is not None else None
         self._ports: dict[str, list[str]] = {}
-        self.counters = {"polls": 0, "timeouts": 0}
+        self._plan: list[_Read] | None = None
+        self._plan_of: tuple = ()
+        self._plan_age = 0
+        self.counters = {"polls": 0, "timeouts": 0, "not_started": 0, "stalls": 0, "plans": 0}
 
     @classmethod
     def from_topology(cls, rails: dict[int, str], topology: Any, **kw) -> "CounterPoller":
@@ -359,71 +444,103 @@ class CounterPoller:
             self._ports[bdf] = upstream_ports(self.root, bdf)
         return self._ports[bdf]
 
-    # -- the reads of one poll
+    # -- the reads of one poll (paths and strings made once per plan, not per poll)
 
-    def _file_read(self, kind: str, subject: int, counter: str, path: Path) -> _Read:
+    def _file_read(self, kind: str, subject: int, counter: str, path: Path, optional: bool = False) -> _Read:
         rel = "/" + str(path.relative_to(self.root)) if path.is_relative_to(self.root) else str(path)
+        p = str(path)
 
         def fn() -> list[CounterSample]:
-            v = parse_counter(_read(path, rel), rel)
+            v = parse_counter(_read(p, rel), rel)
             return [CounterSample(kind, subject, counter, float(v), self.clock(), rel)]
-        return _Read(str(path), fn, kind, subject, counter, rel)
+        return _Read(p, fn, kind, subject, counter, rel, optional=optional)
 
     def _aer_read(self, kind: str, subject: int, bdf: str, fname: str, total_key: str, counter: str) -> _Read:
         devs = [bdf, *self._upstream(bdf)]
-        base = self.root / "sys/bus/pci/devices"
+        base = os.path.join(str(self.root), "sys/bus/pci/devices")
         src = f"/sys/bus/pci/devices/{{{','.join(devs)}}}/{fname}"
+        files = [(os.path.join(base, d, fname), f"/sys/bus/pci/devices/{d}/{fname}", d == bdf) for d in devs]
+        dev_dir = os.path.join(base, bdf)
+        with_dll = fname == "aer_dev_correctable"
 
         def fn() -> list[CounterSample]:
-            total = 0
-            if not (base / bdf / fname).exists() and (base / bdf).exists():
-                return []  # the device is there without AER reporting (no capability, a VM): no counter
-            dll = 0
-            for d in devs:
-                p = base / d / fname
-                if d != bdf and not p.exists():
-                    continue  # a port without AER capability (or a host bridge) has no file
-                shown = f"/sys/bus/pci/devices/{d}/{fname}"
-                t, per = parse_aer(_read(p, shown), total_key, shown)
+            total = dll = 0
+            for p, shown, own in files:
+                try:
+                    text = _read(p, shown)
+                except ReadError as e:
+                    if e.problem != "vanished":
+                        raise
+                    if not own:
+                        continue  # a port without AER capability (or a host bridge) has no file
+                    if os.path.exists(dev_dir):
+                        return []  # the device is there without AER reporting (no capability, a VM): no counter
+                    raise
+                t, per = parse_aer(text, total_key, shown)
                 total += t
-                dll += sum(n for name, n in per.items() if name in DLL_RETRY_NAMES)
+                if with_dll:
+                    dll += sum(n for name, n in per.items() if name in DLL_RETRY_NAMES)
             out = [CounterSample(kind, subject, counter, float(total), self.clock(), src)]
-            if fname == "aer_dev_correctable":
+            if with_dll:
                 out.append(CounterSample(kind, subject, "aer_correctable_dll", float(dll), self.clock(), src))
             return out
         return _Read(f"{bdf}:{fname}", fn, kind, subject, counter, src)
 
     def _hwmon_read(self, r: RailSource) -> _Read:
-        d = self.root / "sys/class/net" / r.netdev / "device/hwmon"
+        d = os.path.join(str(self.root), "sys/class/net", r.netdev, "device/hwmon")
         src = f"/sys/class/net/{r.netdev}/device/hwmon"
+        found: list[tuple[str, str, str | None, str]] = []  # the module channel's input and crit, once found
 
-        def fn() -> list[CounterSample]:
-            out = []
-            if not d.is_dir():
-                return out  # the driver exposes no hwmon: no optics temperature here
-            for hw in sorted(d.iterdir()):
-                for lab in sorted(hw.glob("temp*_label")):
-                    label = _read(lab, f"{src}/{hw.name}/{lab.name}").strip()
+        def temp(path: str, shown: str, counter: str) -> CounterSample:
+            t = parse_millidegrees(_read(path, shown), shown)
+            return CounterSample("rail", r.rail, counter, t, self.clock(), shown)
+
+        def search() -> list[CounterSample]:
+            found.clear()
+            try:
+                hws = sorted(os.listdir(d))
+            except (FileNotFoundError, NotADirectoryError):
+                return []  # the driver exposes no hwmon: no optics temperature here
+            except OSError as e:
+                raise ReadError("unreadable", f"{src}: {e.strerror or e}") from None
+            for hw in hws:
+                hd = os.path.join(d, hw)
+                try:
+                    names = os.listdir(hd)
+                except OSError:
+                    continue  # not a directory
+                for lab in sorted(n for n in names if len(n) >= 10 and n.startswith("temp") and n.endswith("_label")):
+                    label = _read(os.path.join(hd, lab), f"{src}/{hw}/{lab}").strip()
                     m = _SENSOR.fullmatch(label)
                     if not ("module" in label.lower() or (m and int(m.group(1)) >= MODULE_SENSOR_BASE)):
                         continue
-                    stem = lab.name[: -len("_label")]
-                    shown = f"{src}/{hw.name}/{stem}_input"
-                    t = parse_millidegrees(_read(hw / f"{stem}_input", shown), shown)
-                    out.append(CounterSample("rail", r.rail, "module_temp_c", t, self.clock(),
-                                             f"{src}/{hw.name}/{stem}_input"))
-                    crit = hw / f"{stem}_crit"
-                    if crit.exists():
-                        shown = f"{src}/{hw.name}/{stem}_crit"
-                        c = parse_millidegrees(_read(crit, shown), shown)
-                        out.append(CounterSample("rail", r.rail, "module_temp_crit_c", c, self.clock(),
-                                                 f"{src}/{hw.name}/{stem}_crit"))
+                    stem = lab[: -len("_label")]
+                    inp, crit = os.path.join(hd, f"{stem}_input"), os.path.join(hd, f"{stem}_crit")
+                    ishown, cshown = f"{src}/{hw}/{stem}_input", f"{src}/{hw}/{stem}_crit"
+                    out = [temp(inp, ishown, "module_temp_c")]
+                    has_crit = os.path.exists(crit)
+                    if has_crit:
+                        out.append(temp(crit, cshown, "module_temp_crit_c"))
+                    found.append((inp, ishown, crit if has_crit else None, cshown))
                     return out
-            return out
+            return []
+
+        def fn() -> list[CounterSample]:
+            if found:  # the channel found before: its files only, no listing and no labels
+                inp, ishown, crit, cshown = found[0]
+                try:
+                    out = [temp(inp, ishown, "module_temp_c")]
+                    if crit is not None:
+                        out.append(temp(crit, cshown, "module_temp_crit_c"))
+                    return out
+                except ReadError:
+                    pass  # gone, moved or bad: search afresh, which reads and reports as ever
+            return search()
         return _Read(f"hwmon:{r.netdev}", fn, "rail", r.rail, "module_temp_c", src)
 
     def plan(self) -> list[_Read]:
-        """Every read of one poll."""
+        """Every sysfs read of one poll, made afresh (a poll uses the one it cached, see
+        ``replan_polls``)."""
         reads: list[_Read] = []
         for r in self.rails:
             if r.hca is not None and r.port is not None:
@@ -432,8 +549,8 @@ class CounterPoller:
                     reads.append(self._file_read("rail", r.rail, c, pd / "counters" / c))
                 hw = pd / "hw_counters"
                 for c in IB_HW_COUNTERS:
-                    if (hw / c).exists():  # which hw_counters exist depends on the driver
-                        reads.append(self._file_read("rail", r.rail, c, hw / c))
+                    if os.path.exists(hw / c):  # which hw_counters exist depends on the driver
+                        reads.append(self._file_read("rail", r.rail, c, hw / c, optional=True))
             nd = self.root / "sys/class/net" / r.netdev / "statistics"
             for c in NETDEV_COUNTERS:
                 reads.append(self._file_read("rail", r.rail, c, nd / c))
@@ -447,10 +564,92 @@ class CounterPoller:
                     reads.append(self._aer_read("gpu", g.index, g.bdf, fname, key, counter))
         return reads
 
-    def _nvml_reads(self) -> list[tuple[str, int, Callable]]:
+    def _nvml_reads(self) -> list[_Read]:
         if self._nv is None:
             return []
-        return [(f"nvml:{g.index}", g.index, (lambda i=g.index: self._nv.read(i, self.clock))) for g in self.gpus]
+        return [_Read(f"nvml:{g.index}", (lambda i=g.index: self._nv.read(i, self.clock)), "gpu", g.index, "nvml",
+                      "nvml", nvml=True) for g in self.gpus]
+
+    def _reads(self) -> list[_Read]:
+        """The cached plan, made again when it is due or the rails, GPUs or root changed."""
+        of = (tuple(self.rails), tuple(self.gpus), self.root, self._nv)
+        if self._plan is None or self._plan_age >= self.replan_polls or of != self._plan_of:
+            self._plan = [*self.plan(), *self._nvml_reads()]
+            self._plan_of, self._plan_age = of, 0
+            self.counters["plans"] += 1
+        self._plan_age += 1
+        return self._plan
+
+    # -- running them
+
+    def _start(self, pp: PollProgress) -> bool:
+        """A reader thread for ``pp``'s next read not started, if fewer than ``workers`` are
+        busy (under ``_cond``)."""
+        if self._closed or self._busy >= self.workers or pp.started >= pp.n:
+            return False
+        i = pp.started
+        pp.started += 1
+        self._busy += 1
+        try:
+            self._pool.submit(self._reader, pp, i)
+        except RuntimeError:  # the pool is shut down
+            pp.started -= 1
+            self._busy -= 1
+            return False
+        return True
+
+    def _reader(self, pp: PollProgress, i: int) -> None:
+        """Reads ``pp``'s read ``i``, then the next not started, until none is left or the poll
+        is over (a read that returns after its poll ended only records that it returned)."""
+        cond = self._cond
+        while True:
+            rd = pp.reads[i]
+            try:
+                res: Any = rd.fn()
+            except Exception as e:  # ReadError, and a reader bug: both reported by the poll
+                res = e
+            with cond:
+                pp.results[i] = res
+                pp.returned += 1
+                pp.t_progress = time.monotonic()
+                if pp.closed or pp.started >= pp.n:
+                    self._busy -= 1
+                    if (not pp.closed and pp.done()) or self._busy == 0:
+                        cond.notify_all()
+                    return
+                i = pp.started
+                pp.started += 1
+                if pp.over is not None and pp.done():
+                    cond.notify_all()
+
+    def _run(self, reads: list[_Read]) -> tuple[PollProgress, list[Any]]:
+        """Runs one poll's reads; returns when they are all back, at ``deadline_s``, or when
+        ``over`` says so.  -> (the poll's progress, its results: :data:`_PENDING` where a read
+        had not returned)."""
+        pp = PollProgress(reads, self.over)
+        if not reads:
+            return pp, []
+        stall = self.stall_s if self.stall_s is not None else min(0.25, self.deadline_s / 4)
+        cond = self._cond
+        with cond:
+            now = time.monotonic()
+            end = now + self.deadline_s
+            pp.t_progress = now
+            self._start(pp)  # none when every worker is stuck: retried at each stall check
+            while not pp.done():
+                now = time.monotonic()
+                if now >= end or self._closed:
+                    break
+                if pp.started < pp.n and now - pp.t_progress >= stall:
+                    pp.stalls += 1
+                    self.counters["stalls"] += 1
+                    self._start(pp)
+                    pp.t_progress = now
+                    continue  # the over hook may be waiting for this stall
+                wake = pp.t_progress + stall if pp.started < pp.n else end  # all started: a return or the deadline
+                cond.wait(min(end, wake) - now)
+            pp.closed = True
+            return pp, list(pp.results)
 
     def poll(self) -> tuple[list[CounterSample], list[SourceProblem]]:
         """Read everything once; never raises.  Returns (samples, problems)."""
@@ -458,56 +657,60 @@ class CounterPoller:
         now = self.clock()
         samples: list[CounterSample] = []
         problems: list[SourceProblem] = []
-        for k, fut in list(self._hung.items()):
-            if fut.done():
+        for k, (pp, i) in list(self._hung.items()):
+            if pp.results[i] is not _PENDING:
                 del self._hung[k]
-        jobs: dict[cf.Future, tuple] = {}
-        for rd in self.plan():
+        todo: list[_Read] = []
+        for rd in self._reads():
             if rd.key in self._hung:
+                verb = "call" if rd.nvml else "read"
                 problems.append(SourceProblem(rd.kind, rd.subject, rd.counter, rd.source, "timeout",
-                                              f"{rd.source}: an earlier read has not returned; skipped", now))
-                continue
-            jobs[self._pool.submit(rd.fn)] = ("file", rd)
-        for key, idx, fn in self._nvml_reads():
-            if key in self._hung:
-                problems.append(SourceProblem("gpu", idx, "nvml", "nvml", "timeout",
-                                              f"NVML GPU {idx}: an earlier call has not returned; skipped", now))
-                continue
-            jobs[self._pool.submit(fn)] = ("nvml", (key, idx))
-        done, pending = self.wait(jobs, timeout=self.deadline_s)
-        for fut in pending:
-            what, x = jobs[fut]
-            self.counters["timeouts"] += 1
-            if what == "file":
-                self._hung[x.key] = fut
-                problems.append(SourceProblem(x.kind, x.subject, x.counter, x.source, "timeout",
-                                              f"{x.source}: no answer within {self.deadline_s:g} s", now))
+                                              f"{rd.label}: an earlier {verb} has not returned; skipped", now))
             else:
-                self._hung[x[0]] = fut
-                problems.append(SourceProblem("gpu", x[1], "nvml", "nvml", "timeout",
-                                              f"NVML GPU {x[1]}: no answer within {self.deadline_s:g} s", now))
-        for fut in done:
-            what, x = jobs[fut]
-            try:
-                res = fut.result()
-            except ReadError as e:
-                problems.append(SourceProblem(x.kind, x.subject, x.counter, x.source, e.problem, e.detail, now))
-                continue
-            except Exception as e:  # a reader bug must not take the poll down
-                kind, subj, ctr, src = (x.kind, x.subject, x.counter, x.source) if what == "file" else ("gpu", x[1], "nvml", "nvml")
-                problems.append(SourceProblem(kind, subj, ctr, src, "unreadable", f"{src}: {type(e).__name__}: {e}", now))
-                continue
-            if what == "file":
-                samples += res
-            else:
+                todo.append(rd)
+        pp, results = self._run(todo)
+        replan = False
+        for i, (rd, res) in enumerate(zip(todo, results)):
+            if res is _PENDING:
+                if i < pp.started:
+                    self.counters["timeouts"] += 1
+                    self._hung[rd.key] = (pp, i)
+                    why = f"no answer within {self.deadline_s:g} s"
+                else:
+                    self.counters["not_started"] += 1
+                    why = f"not started within {self.deadline_s:g} s: every reader was stuck in an earlier read"
+                problems.append(SourceProblem(rd.kind, rd.subject, rd.counter, rd.source, "timeout",
+                                              f"{rd.label}: {why}", now))
+            elif isinstance(res, ReadError):
+                if res.problem in ("vanished", "unreadable"):
+                    replan = True  # a device or driver change: what exists may have changed
+                    if rd.optional and res.problem == "vanished":
+                        continue
+                problems.append(SourceProblem(rd.kind, rd.subject, rd.counter, rd.source, res.problem, res.detail, now))
+            elif isinstance(res, Exception):  # a reader bug must not take the poll down
+                problems.append(SourceProblem(rd.kind, rd.subject, rd.counter, rd.source, "unreadable",
+                                              f"{rd.source}: {type(res).__name__}: {res}", now))
+            elif rd.nvml:
                 got, bad = res
                 samples += got
-                problems += [SourceProblem("gpu", x[1], c, "nvml", pr, d, now) for c, pr, d in bad]
+                problems += [SourceProblem("gpu", rd.subject, c, "nvml", pr, d, now) for c, pr, d in bad]
+            else:
+                samples += res
+        if replan:
+            self._plan = None
         samples.sort(key=lambda s: (s.kind, s.subject, s.counter))
         return samples, problems
 
+    def idle(self, timeout: float | None = None) -> bool:
+        """Waits until no reader thread is busy (every read, hung ones included, has returned);
+        True if so within ``timeout``.  For tests and shutdown."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._busy == 0, timeout)
+
     def close(self) -> None:
         """Stop the workers (a hung read keeps its thread until it returns)."""
+        with self._cond:
+            self._closed = True
         self._pool.shutdown(wait=False, cancel_futures=True)
 
 

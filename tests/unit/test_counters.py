@@ -143,56 +143,263 @@ def test_a_gpu_nvml_does_not_know_is_vanished():
     assert [(x.subject, x.problem) for x in problems] == [(7, "vanished")]
 
 
-def _all_but(n_hung: int):
-    """A poll's wait that returns once every read but ``n_hung`` has finished: the deadline
-    passing, as an event (no wall-clock bound for the healthy reads to meet).  A read that
-    hangs where none should only ends the wait after a minute, so the test fails, not hangs."""
-    import concurrent.futures as cf
+#: a hung-read test's poll deadline: only a guard, since its wait ends on an event (``over``);
+#: a read that hangs where none should ends the poll after a minute with a timeout too many,
+#: so the test fails, not hangs
+GUARD_S = 60.0
+#: stall_s of the hung-read tests: how soon a second reader takes over (a stall presumed
+#: wrongly on a loaded machine only starts one more reader: the outcome is the same)
+STALL_S = 0.05
+IB0 = "sys/class/infiniband/mlx5_0/ports/1"
 
-    def wait(fs, timeout=None):
-        fs = set(fs)
-        done: set = set()
-        while len(fs) - len(done) > n_hung:
-            got, _ = cf.wait(fs - done, timeout=60, return_when=cf.FIRST_COMPLETED)
-            if not got:
-                break
-            done |= got
-        return done, fs - done
-    return wait
+
+def _all_but(n_hung: int):
+    """A poll's ``over`` hook: the wait ends once every read has started and all but
+    ``n_hung`` are back: the deadline passing, as an event (no wall-clock bound for the
+    healthy reads to meet)."""
+    return lambda pp: pp.started == pp.n and pp.returned >= pp.n - n_hung
+
+
+def _fifo(tmp_path, rel: str) -> Path:
+    """A FIFO in place of the file ``rel``: open() blocks like a PMA read the firmware never
+    answers."""
+    f = tmp_path / rel
+    f.unlink()
+    os.mkfifo(f)
+    return f
+
+
+def _release(f: Path, text: bytes = b"9\n") -> int:
+    """Lets a reader blocked on FIFO ``f`` return ``text``.  Opened read-write (never blocks,
+    whether or not the reader is in open() yet) and left open until the caller closes the fd,
+    so the text waits in the pipe for the reader."""
+    fd = os.open(f, os.O_RDWR | os.O_NONBLOCK)
+    os.write(fd, text)
+    return fd
+
+
+def _finish(p: CounterPoller, fifos: list[Path], fds: list[int] = ()) -> None:
+    """Releases every reader still blocked on ``fifos``, waits for the reader threads (a
+    guard, not a timing) and closes the poller."""
+    fds = [*fds, *(_release(f) for f in fifos)]
+    try:
+        assert p.idle(GUARD_S), "a reader thread did not return"
+    finally:
+        for fd in fds:
+            os.close(fd)
+        p.close()
+
+
+def _keys(samples) -> set:
+    return {(s.kind, s.subject, s.counter) for s in samples}
+
+
+def _clean_keys(tmp_path) -> set:
+    p = CounterPoller(ct.rail_sources(HOST), [], root=tmp_path)
+    try:
+        samples, problems = p.poll()
+    finally:
+        p.close()
+    assert problems == []
+    return _keys(samples)
 
 
 def test_a_hung_sysfs_read_is_a_timeout_and_is_skipped_until_it_returns(tmp_path):
-    """A FIFO in place of a counter file blocks open() like a PMA read the firmware never
-    answers; the poll returns at its deadline (here: once every other read is done) with a
-    timeout problem; the second poll skips the hung path without waiting for it."""
+    """The poll returns at its deadline (here: once every other read is done) with a timeout
+    problem; the second poll skips the hung path without waiting for it."""
     _tree(tmp_path, "clean")
-    f = tmp_path / "sys/class/infiniband/mlx5_0/ports/1/counters/symbol_error"
-    f.unlink()
-    os.mkfifo(f)
-    p = CounterPoller(ct.rail_sources(HOST)[:1], [], root=tmp_path, workers=2, wait=_all_but(1))
+    f = _fifo(tmp_path, f"{IB0}/counters/symbol_error")  # the first read of the poll
+    p = CounterPoller(ct.rail_sources(HOST)[:1], [], root=tmp_path, workers=2, deadline_s=GUARD_S, stall_s=STALL_S,
+                      over=_all_but(1))
     try:
         s1, p1 = p.poll()
-        p.wait = _all_but(0)  # the hung read is skipped, not submitted again: nothing else may hang
+        p.over = None  # the hung read is skipped, not started again: nothing else may hang
         s2, p2 = p.poll()
         assert [(x.counter, x.problem) for x in p1] == [("symbol_error", "timeout")]
+        assert "no answer" in p1[0].detail
         assert [(x.counter, x.problem) for x in p2] == [("symbol_error", "timeout")]
         assert "has not returned" in p2[0].detail
-        assert ("rail", 0, "link_downed") in {(s.kind, s.subject, s.counter) for s in s1 + s2}
+        assert ("rail", 0, "link_downed") in _keys(s1) and ("rail", 0, "link_downed") in _keys(s2)
+        assert p.counters["timeouts"] == 1
     finally:
-        fd = os.open(f, os.O_WRONLY | os.O_NONBLOCK)  # releases the blocked reader
-        os.write(fd, b"9\n")
-        os.close(fd)
-        p.close()
+        _finish(p, [f])
+
+
+def test_a_hung_read_in_the_middle_does_not_stop_the_reads_after_it(tmp_path):
+    """One reader runs the reads in order; when it is stuck in the 4th, another goes on with
+    the rest: every other counter of every rail is read."""
+    _tree(tmp_path, "clean")
+    want = _clean_keys(tmp_path)
+    f = _fifo(tmp_path, f"{IB0}/counters/port_rcv_errors")
+    p = CounterPoller(ct.rail_sources(HOST), [], root=tmp_path, workers=2, deadline_s=GUARD_S, stall_s=STALL_S,
+                      over=_all_but(1))
+    try:
+        keys = [(r.kind, r.subject, r.counter) for r in p.plan()]
+        assert keys.index(("rail", 0, "port_rcv_errors")) == 3 and len(keys) > 40
+        samples, problems = p.poll()
+        assert [(x.subject, x.counter, x.problem) for x in problems] == [(0, "port_rcv_errors", "timeout")]
+        assert _keys(samples) == want - {("rail", 0, "port_rcv_errors")}
+        assert p.counters["stalls"] >= 1
+    finally:
+        _finish(p, [f])
+
+
+def test_two_hung_reads_are_two_timeouts_and_the_rest_is_read(tmp_path):
+    _tree(tmp_path, "clean")
+    want = _clean_keys(tmp_path)
+    hung = {("rail", 0, "port_rcv_errors"), ("rail", 1, "carrier_changes")}
+    fifos = [_fifo(tmp_path, f"{IB0}/counters/port_rcv_errors"),
+             _fifo(tmp_path, "sys/class/net/ibp42s0/statistics/carrier_changes")]
+    p = CounterPoller(ct.rail_sources(HOST), [], root=tmp_path, workers=3, deadline_s=GUARD_S, stall_s=STALL_S,
+                      over=_all_but(2))
+    try:
+        s1, p1 = p.poll()
+        p.over = None  # both are skipped now; one reader is left for the rest
+        s2, p2 = p.poll()
+        assert sorted((x.kind, x.subject, x.counter, x.problem) for x in p1) == sorted((*k, "timeout") for k in hung)
+        assert sorted((x.kind, x.subject, x.counter) for x in p2) == sorted(hung)
+        assert all("has not returned" in x.detail for x in p2)
+        assert _keys(s1) == _keys(s2) == want - hung
+    finally:
+        _finish(p, fifos)
+
+
+def test_reads_not_started_because_every_reader_is_stuck_are_reported(tmp_path):
+    """With every reader stuck, the reads after the hung one cannot start: each is a timeout
+    saying so (none is dropped), and is read by the next poll once a reader is free."""
+    _tree(tmp_path, "clean")
+    f = _fifo(tmp_path, f"{IB0}/counters/port_rcv_errors")  # read 3
+    # the wait ends once the poll has seen the stall (and found no reader free), not at a time
+    p = CounterPoller(ct.rail_sources(HOST)[:1], [], root=tmp_path, workers=1, deadline_s=GUARD_S, stall_s=STALL_S,
+                      over=lambda pp: pp.stalls >= 1 and pp.returned == 3)
+    fds: list[int] = []
+    try:
+        n = len(p.plan())
+        samples, problems = p.poll()
+        assert [s.counter for s in samples] == ["link_downed", "link_error_recovery", "symbol_error"]
+        assert (problems[0].counter, problems[0].problem) == ("port_rcv_errors", "timeout")
+        assert "no answer" in problems[0].detail
+        rest = problems[1:]
+        assert len(rest) == n - 4 and all(x.problem == "timeout" and "not started" in x.detail for x in rest)
+        assert p.counters["not_started"] == n - 4 and p.counters["timeouts"] == 1
+        fds.append(_release(f))
+        assert p.idle(GUARD_S)
+        f.unlink()
+        f.write_text("0\n")
+        p.over, p.deadline_s = None, GUARD_S
+        s2, p2 = p.poll()
+        assert p2 == [] and len(s2) == n + 2  # one sample a read, + module_temp_crit_c and aer_correctable_dll
+    finally:
+        _finish(p, [], fds)
+
+
+def test_a_hung_read_that_returns_is_read_again_in_a_later_poll(tmp_path):
+    _tree(tmp_path, "clean")
+    f = _fifo(tmp_path, f"{IB0}/counters/symbol_error")
+    p = CounterPoller(ct.rail_sources(HOST)[:1], [], root=tmp_path, workers=2, deadline_s=GUARD_S, stall_s=STALL_S,
+                      over=_all_but(1))
+    fds: list[int] = []
+    try:
+        _, p1 = p.poll()
+        assert [(x.counter, x.problem) for x in p1] == [("symbol_error", "timeout")]
+        fds.append(_release(f))  # the hung read returns 9 (its poll is over: not counted) ...
+        f.unlink()
+        f.write_text("11\n")     # ... and the file now reads 11
+        assert p.idle(GUARD_S)
+        p.over = None
+        s2, p2 = p.poll()
+        assert p2 == []
+        assert {s.counter: s.value for s in s2}["symbol_error"] == 11
+    finally:
+        _finish(p, [], fds)
+
+
+def test_a_stuck_read_that_returns_before_the_deadline_counts(tmp_path):
+    """The read in the middle hangs; once the poll has handed the rest to another reader, the
+    hung one is let go: it is back before the deadline, so it is a sample, not a timeout."""
+    _tree(tmp_path, "clean")
+    f = _fifo(tmp_path, f"{IB0}/counters/port_rcv_errors")  # read 3
+    fds: list[int] = []
+
+    def over(pp):
+        if pp.stalls and pp.started > 4 and not fds:
+            fds.append(_release(f))
+        return pp.returned == pp.n  # every read back, the released one included
+    p = CounterPoller(ct.rail_sources(HOST)[:1], [], root=tmp_path, workers=2, deadline_s=GUARD_S, stall_s=STALL_S,
+                      over=over)
+    try:
+        samples, problems = p.poll()
+        assert problems == []
+        assert {s.counter: s.value for s in samples}["port_rcv_errors"] == 9
+    finally:
+        _finish(p, [], fds)
 
 
 def test_a_hung_nvml_call_is_a_timeout():
     nv = FakeNvml({0: [{"ecc_corrected": "hang"}]})
-    p = CounterPoller([], [GpuSource(0)], root="/nonexistent", nvml=nv, wait=_all_but(1))
+    p = CounterPoller([], [GpuSource(0)], root="/nonexistent", nvml=nv, deadline_s=GUARD_S, over=_all_but(1))
     try:
         _, problems = p.poll()
         assert [(x.subject, x.problem) for x in problems] == [(0, "timeout")]
+        assert "NVML GPU 0: no answer" in problems[0].detail
+        _, problems = p.poll()
+        assert [(x.subject, x.problem) for x in problems] == [(0, "timeout")]
+        assert "an earlier call has not returned" in problems[0].detail
     finally:
         nv.release()
+        assert p.idle(GUARD_S)
+        p.close()
+
+
+def test_the_cached_plan_picks_up_a_counter_file_that_appears_later(tmp_path):
+    """The plan is kept between polls and made again every replan_polls polls (a hw_counters
+    file that appears is read from then on) and after a read found a file gone (an
+    hw_counters file that goes is no counter and no problem, as when it never was)."""
+    _tree(tmp_path, "clean")
+    hw = tmp_path / IB0 / "hw_counters"
+    (hw / "out_of_sequence").unlink()
+    p = CounterPoller(ct.rail_sources(HOST)[:1], [], root=tmp_path, replan_polls=2, clock=lambda: 1)
+    try:
+        s1, p1 = p.poll()
+        assert p1 == [] and ("rail", 0, "out_of_sequence") not in _keys(s1)
+        (hw / "out_of_sequence").write_text("5\n")
+        p.poll()
+        s3, p3 = p.poll()  # the plan is due again
+        assert p3 == [] and {s.counter: s.value for s in s3}["out_of_sequence"] == 5
+        assert p.counters["plans"] == 2
+        (hw / "packet_seq_err").unlink()
+        s4, p4 = p.poll()
+        assert p4 == [] and ("rail", 0, "packet_seq_err") not in _keys(s4)
+        s5, p5 = p.poll()  # planned again after the file went
+        assert p5 == [] and _keys(s5) == _keys(s4) and p.counters["plans"] == 3
+    finally:
+        p.close()
+
+
+def test_malformed_and_truncated_files_are_garbage_in_a_later_poll_too(tmp_path):
+    """Bad text in files read before (the cached plan, the hwmon channel found before) is
+    garbage, and reads well again once fixed."""
+    _tree(tmp_path, "clean")
+    p = CounterPoller(ct.rail_sources(HOST), [], root=tmp_path, clock=lambda: 1)
+    try:
+        s1, p1 = p.poll()
+        assert p1 == []
+        (tmp_path / IB0 / "counters/symbol_error").write_text("12a\n")
+        (tmp_path / IB0 / "hw_counters/out_of_sequence").write_bytes(b"\xff\xfe\n")
+        (tmp_path / "sys/class/net/ibp42s0/statistics/rx_crc_errors").write_text("")
+        (tmp_path / "sys/bus/pci/devices/0000:1a:00.0/aer_dev_correctable").write_text(ct.aer_text(
+            "aer_dev_correctable", "truncated"))
+        (tmp_path / "sys/class/net/ens3np0/device/hwmon/hwmon0/temp2_input").write_text("4a\n")
+        s2, p2 = p.poll()
+        assert sorted((x.subject, x.counter, x.problem) for x in p2) == [
+            (0, "aer_correctable", "garbage"), (0, "out_of_sequence", "garbage"), (0, "symbol_error", "garbage"),
+            (1, "rx_crc_errors", "garbage"), (2, "module_temp_c", "garbage")]
+        assert "no TOTAL_ERR_COR" in next(x.detail for x in p2 if x.counter == "aer_correctable")
+        assert "temp2_input" in next(x.detail for x in p2 if x.counter == "module_temp_c")
+        ct.write_step(tmp_path, HOST, SPEC["sequences"]["clean"], 0)
+        s3, p3 = p.poll()
+        assert p3 == [] and _keys(s3) == _keys(s1)
+    finally:
         p.close()
 
 
