@@ -650,10 +650,11 @@ class Prober:
 
     # ---------------------------------------------------------------- receive
 
-    def _read(self, sock: socket.socket, limit: int) -> int:
-        """Read and handle up to ``limit`` queued datagrams; returns how many were read."""
+    def _read(self, sock: socket.socket, limit: int, offset: int | None = None) -> int:
+        """Read and handle up to ``limit`` queued datagrams; returns how many were read.
+        ``offset``: CLOCK_REALTIME - CLOCK_MONOTONIC (ns) if the caller has read it (else read
+        here, once per call, at the first timestamp)."""
         n = 0
-        offset = None  # CLOCK_REALTIME - CLOCK_MONOTONIC, read once per batch
         while n < limit:
             try:
                 data, anc, _flags, addr = sock.recvmsg(RECV_BUF, _ANC_BUF)
@@ -694,6 +695,7 @@ class Prober:
         socket, at most :data:`DRAIN_MAX` per socket, so verdicts are made with every reply
         that has arrived.  Returns the count."""
         n = 0
+        offset = time.time_ns() - self.clock()
         # one datagram from each rail socket that holds one, until none does: a poll(2) of all
         # of them costs a quarter of one recvmsg on an empty socket (a syscall and an exception)
         for _ in range(DRAIN_MAX):
@@ -701,12 +703,12 @@ class Prober:
             for fd, _ev in self._rail_poll.poll(0) if self._rail_by_fd else ():
                 s = self._rail_by_fd.get(fd)
                 if s is not None:
-                    got += self._read(s, 1)
+                    got += self._read(s, 1, offset)
             if not got:  # nothing left (or only an error or a closed socket: nothing to read)
                 break
             n += got
         if responder and self._resp is not None:
-            n += self._read(self._resp, DRAIN_MAX)
+            n += self._read(self._resp, DRAIN_MAX, offset)
         return n
 
     def on_datagram(self, data: bytes, addr, arrival_ns: int | None = None) -> None:
@@ -739,7 +741,9 @@ class Prober:
         self._report_lost(self.guard.expire_path_before(pend.rail, pend.peer, t), t)
         rtt = max(0, t - pend.sent_ns)
         self.counters["replies"] += 1
-        self._last_ok[key] = max(t, self._last_ok.get(key, t))
+        last_ok = self._last_ok.get(key)
+        if last_ok is None or t > last_ok:
+            self._last_ok[key] = t
         self._own_loss.discard(key)
         self._peer_evidence(pend.peer, t)
         self._reply_seq[key] = pend.seq

@@ -100,20 +100,40 @@ def encode(p: Probe, key: bytes) -> bytes:
         ValueError: unknown type, a name empty or over 64 bytes, rail over 16 bits, seq,
             ts_ns or ack outside u64.
     """
-    if p.type not in (REQUEST, REPLY):
-        raise ValueError(f"probe type must be {REQUEST} or {REPLY}, got {p.type}")
-    sender, target = p.sender.encode(), p.target.encode()
+    head = _heads.get((p.type, p.sender, p.target))
+    if head is None:
+        head = _head(p.type, p.sender, p.target)
+    try:
+        tail = _TAIL.pack(p.rail, p.seq, p.ts_ns, p.ack)
+    except struct.error:
+        if not 0 <= p.rail <= 0xFFFF:
+            raise ValueError(f"rail id {p.rail} does not fit 16 bits") from None
+        for what, v in (("seq", p.seq), ("ts_ns", p.ts_ns), ("ack", p.ack)):
+            if not 0 <= v < 2**64:
+                raise ValueError(f"{what} {v} does not fit an unsigned 64-bit field") from None
+        raise
+    return seal(head + tail, key)
+
+
+#: (type, sender, target) -> the datagram's bytes before ``rail``: a host sends to the same few
+#: names thousands of times a second, so each is checked and encoded once (bounded: cleared
+#: when full)
+_heads: dict[tuple[int, str, str], bytes] = {}
+_HEADS_MAX = 65536
+
+
+def _head(ptype: int, sender_name: str, target_name: str) -> bytes:
+    if ptype not in (REQUEST, REPLY):
+        raise ValueError(f"probe type must be {REQUEST} or {REPLY}, got {ptype}")
+    sender, target = sender_name.encode(), target_name.encode()
     for what, name in (("sender", sender), ("target", target)):
         if not 1 <= len(name) <= MAX_NAME:
             raise ValueError(f"{what} name must be 1..{MAX_NAME} bytes, got {len(name)}")
-    if not 0 <= p.rail <= 0xFFFF:
-        raise ValueError(f"rail id {p.rail} does not fit 16 bits")
-    for what, v in (("seq", p.seq), ("ts_ns", p.ts_ns), ("ack", p.ack)):
-        if not 0 <= v < 2**64:
-            raise ValueError(f"{what} {v} does not fit an unsigned 64-bit field")
-    body = b"".join((MAGIC, bytes((p.type, len(sender))), sender, bytes((len(target),)), target,
-                     _TAIL.pack(p.rail, p.seq, p.ts_ns, p.ack)))
-    return seal(body, key)
+    head = b"".join((MAGIC, bytes((ptype, len(sender))), sender, bytes((len(target),)), target))
+    if len(_heads) >= _HEADS_MAX:
+        _heads.clear()
+    _heads[(ptype, sender_name, target_name)] = head
+    return head
 
 
 def decode(data: bytes, key: bytes) -> Probe:
