@@ -76,7 +76,6 @@ from linkpass.core import probe as pwire
 from linkpass.core.engine import Engine
 from linkpass.core.model import (ApplyRoutes, LinkFacts, LinkSnapshot, PeerRails, ProbeLoss, ProbeResult, SendNotice,
                                  SetTimer, Tick)
-from linkpass.core.paths import PathHealth, PathState
 from linkpass.core.policy import EnginePolicy, HostPolicy, PeerPolicy, RailPolicy
 from linkpass.core.probe_filter import ProbeFilter
 
@@ -199,9 +198,7 @@ class SimHost:
             self.filter(ProbeResult(rail, peer, True, t, self.sim.net.rtt_ns, 0))
         if self.i == self.sim.fault.host:
             for rail, peer in self.schedule.paths():
-                ph = PathHealth(rail, peer, pp.detect_multiplier, pp.interval_ms * MS)
-                ph.on_result(True, t0 - MS, self.sim.net.rtt_ns)
-                self.engine.paths[(rail, peer)] = ph
+                self.engine.path_result(rail, peer, True, t0 - MS, self.sim.net.rtt_ns)
         self._warm = False
         self.counts.clear()
 
@@ -214,12 +211,7 @@ class SimHost:
         now = ev.t_ns
         if self.verdict_only and isinstance(ev, ProbeResult):
             # what Engine._on_probe does to the path, without its scan over every path
-            key = (ev.rail, ev.peer)
-            ph = self.engine.paths.get(key)
-            if ph is None:
-                pp = self.sim.probe_policy
-                ph = self.engine.paths[key] = PathHealth(ev.rail, ev.peer, pp.detect_multiplier, pp.interval_ms * MS)
-            ph.on_result(ev.ok, now, ev.rtt_ns, ev.since_ok_ns, ev.peer_elsewhere)
+            self.engine.path_result(ev.rail, ev.peer, ev.ok, now, ev.rtt_ns, ev.since_ok_ns, ev.peer_elsewhere)
             return
         t = time.process_time()
         actions = self.engine.handle(ev, now)
@@ -564,9 +556,7 @@ def measure_engine(sim_hosts: int, rails: int = 8, calls: int = 20) -> dict:
     pp = s.probe_policy
     for p in pol.peers:
         for r in range(rails):
-            ph = PathHealth(r, p.name, pp.detect_multiplier, pp.interval_ms * MS)
-            ph.on_result(True, 0, 30_000)
-            e.paths[(r, p.name)] = ph
+            e.path_result(r, p.name, True, 0, 30_000)
     peer = pol.peers[len(pol.peers) // 2].name
     now = S
     t = time.process_time()
@@ -585,8 +575,9 @@ def measure_engine(sim_hosts: int, rails: int = 8, calls: int = 20) -> dict:
 
 
 def measure_notices(hosts: int, rails: int = 8) -> dict:
-    """The real NoticeService: datagrams one refresh sends (to every peer over every usable rail)
-    with a counting socket, its loop's CPU per datagram, and on_datagram per datagram."""
+    """The real NoticeService: datagrams one refresh sends (to every peer over one usable rail,
+    as ``refresh_loop`` does) with a counting socket, the send loop's CPU per datagram (a send
+    over every rail, as an urgent notice), and on_datagram per datagram."""
     names = [host_name(i) for i in range(hosts)]
     sent = Counter()
 
@@ -606,8 +597,10 @@ def measure_notices(hosts: int, rails: int = 8) -> dict:
     t = time.process_time()
     ns.send(state)
     loop_us = (time.process_time() - t) / max(1, sent["n"]) * 1e6
+    sent.clear()
+    ns.send(state, rails=(0,))  # a refresh: one usable rail per period, in turn
     per_refresh = sent["n"]
-    # receive: one sender's notice over every rail (1 accepted, rails - 1 duplicates), many senders
+    # receive: refreshes, one datagram per sender (each over one rail, each accepted)
     rx = NoticeService(SimpleNamespace(peers=[SimpleNamespace(name=n, rail_ips={r: rail_addr(r, i, hosts) for r in range(rails)})
                                                for i, n in enumerate(names) if i != 1],
                                        rails=cfg.rails, daemon=SimpleNamespace(host=names[1], notice_port=7471,
@@ -618,7 +611,7 @@ def measure_notices(hosts: int, rails: int = 8) -> dict:
     for i in range(k):
         sender = names[0] if i == 0 else names[i + 1]
         d = nwire.encode(nwire.Notice(sender, 10 + i, 1, {r: True for r in range(rails)}), KEY)
-        datagrams += [(d, (rail_addr(r, i, hosts), 7471)) for r in range(rails)]
+        datagrams.append((d, (rail_addr(i % rails, i, hosts), 7471)))
     t = time.process_time()
     for d, a in datagrams:
         rx.on_datagram(d, a)

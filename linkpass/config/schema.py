@@ -110,7 +110,7 @@ class DaemonSection(_Strict):
     notice_key_file: str | None = Field(None, examples=["/etc/linkpass/notice.key"], json_schema_extra=IN_EXAMPLE,
                                         description="File (mode 0600) holding "
                                         "the shared HMAC key for peer notices and probes (unset: both are off).")
-    notice_refresh_ms: StrictInt = Field(1000, ge=50, le=600_000, description="Period of the full-state notice sent to every peer.")
+    notice_refresh_ms: StrictInt = Field(1000, ge=50, le=600_000, description="Period of the full-state notice sent to every peer (over one usable rail at a time, in turn; urgent notices go over every usable rail).")
     netlink_rcvbuf_bytes: StrictInt = Field(4 * 1024 * 1024, ge=4096, le=1 << 30, description="SO_RCVBUF of the netlink event socket; "
                                       "an overflow (ENOBUFS) loses events and forces a resync from a dump.")
     ignore_routes_with_linkdown: StrictBool = Field(True, description="Set net.ipv4.conf.<rail>.ignore_routes_with_linkdown=1 "

@@ -71,6 +71,8 @@ INCIDENTS_KEPT = 50
 INCIDENT_DEDUP_NS = 10 * 1_000_000_000
 #: refused snapshot reports logged at WARNING; later ones at DEBUG (each is counted)
 SNAPSHOT_REJECTS_LOUD = 5
+#: a probe result re-judges every rail (not only those it touches) at most this often
+FULL_REVERDICT_NS = 1_000_000_000
 
 
 class Engine:
@@ -126,6 +128,12 @@ class Engine:
         self._link_healthy: dict[int, bool] = {}  # rail -> last link verdict alone
         self._link_up_ns: dict[int, int] = {}     # rail -> when its link last came back
         self.paths: dict[tuple[int, str], PathHealth] = {}
+        # the same paths by rail and by peer, and the DOWN ones: the per-result work scans one
+        # rail's or one peer's paths, never every path (8 x peers of them)
+        self._rail_paths: dict[int, list[PathHealth]] = {}
+        self._peer_paths: dict[str, list[PathHealth]] = {}
+        self._down: dict[tuple[int, str], PathHealth] = {}
+        self._last_full_reverdict_ns: int | None = None
         self.probe_failed: dict[int, str] = {}   # rail -> why its probes say it is failed
         self.loss: dict[int, tuple[float, int]] = {}  # rail -> (loss ratio, samples) from the edge
         self.degraded: set[int] = set()
@@ -529,12 +537,9 @@ class Engine:
         pc = self.policy.probe
         if not ev.ok and ev.t_ns - pc.interval_ms * 1_000_000 < self._link_up_ns.get(ev.rail, -1):
             return []  # sent before the rail's link came back: its loss says nothing about the rail now
-        key = (ev.rail, ev.peer)
-        path = self.paths.get(key)
-        if path is None:
-            path = self.paths[key] = PathHealth(ev.rail, ev.peer, pc.detect_multiplier, pc.interval_ms * 1_000_000)
+        new = (ev.rail, ev.peer) not in self.paths
+        path, t = self.path_result(ev.rail, ev.peer, ev.ok, now_ns, ev.rtt_ns, ev.since_ok_ns, ev.peer_elsewhere)
         changed = False
-        t = path.on_result(ev.ok, now_ns, ev.rtt_ns, ev.since_ok_ns, ev.peer_elsewhere)
         if t:
             changed = t[0] == PathState.DOWN or t[1] == PathState.DOWN
             entry = {"rail": ev.rail, "peer": ev.peer, "old": t[0].value, "new": t[1].value, "event_t_ns": ev.t_ns}
@@ -549,17 +554,54 @@ class Engine:
         # are compared below
         if self._avoided_paths(now_ns) != self._plan_path_down:
             changed = True
-        # every rail's verdict: one path's change can turn a peer into evidence for other rails
-        if self._reverdict(ev.t_ns, now_ns):
+        if self._reverdict(ev.t_ns, now_ns, self._touched_rails(path, new, now_ns)):
             changed = True
         if not changed or not self.synced:
             return []
         return self._replan(now_ns, f"probes on rail {ev.rail}")
 
-    def _reverdict(self, event_ns: int, now_ns: int) -> bool:
-        """Re-judge every rail by its probes (:meth:`_probe_verdict`); True if one changed."""
+    def path_result(self, rail: int, peer: str, ok: bool, now_ns: int, rtt_ns: int | None = None,
+                    since_ok_ns: int | None = None, peer_elsewhere: bool | None = None
+                    ) -> tuple[PathHealth, tuple[PathState, PathState] | None]:
+        """One probe result into the path's :class:`PathHealth` (made and indexed on first use),
+        nothing else (no verdict, no plan): what :meth:`_on_probe` starts with, and what a
+        simulation that judges rails itself needs.  Returns the path and its transition."""
+        key = (rail, peer)
+        path = self.paths.get(key)
+        if path is None:
+            pc = self.policy.probe
+            path = self.paths[key] = PathHealth(rail, peer, pc.detect_multiplier, pc.interval_ms * 1_000_000)
+            self._rail_paths.setdefault(rail, []).append(path)
+            self._peer_paths.setdefault(peer, []).append(path)
+        t = path.on_result(ok, now_ns, rtt_ns, since_ok_ns, peer_elsewhere)
+        if path.state == PathState.DOWN:
+            self._down[key] = path
+        else:
+            self._down.pop(key, None)
+        return path, t
+
+    def _touched_rails(self, p: PathHealth, new: bool, now_ns: int) -> set[int] | None:
+        """The rails whose probe verdict one result of path ``p`` can change: its own, and
+        those where a DOWN path of the same peer counts by the peer's other paths (no
+        ``peer_elsewhere`` word, :meth:`_down_counts`).  None (every rail) at most once per
+        :data:`FULL_REVERDICT_NS`: a verdict also changes as SUSPECT/DOWN paths go stale
+        (:meth:`_fresh`), with no result of their own.  This keeps a result's cost to one
+        rail's paths instead of every path (8 x peers)."""
+        if new or self._last_full_reverdict_ns is None or now_ns - self._last_full_reverdict_ns >= FULL_REVERDICT_NS:
+            return None
+        rails = {p.rail}
+        for q in self._peer_paths.get(p.peer, ()):
+            if q.rail != p.rail and q.state == PathState.DOWN and q.peer_elsewhere is None:
+                rails.add(q.rail)
+        return rails
+
+    def _reverdict(self, event_ns: int, now_ns: int, rails: set[int] | None = None) -> bool:
+        """Re-judge every rail (or those in ``rails``) by its probes (:meth:`_probe_verdict`);
+        True if one changed."""
         changed = False
-        for rid in sorted(self.rails):
+        if rails is None:
+            self._last_full_reverdict_ns = now_ns
+        for rid in sorted(self.rails if rails is None else rails & self.rails.keys()):
             why = self._probe_verdict(rid, now_ns)
             if why == self.probe_failed.get(rid) or (why is not None and rid in self.probe_failed):
                 continue
@@ -592,7 +634,7 @@ class Engine:
             return False
         if p.peer_elsewhere is not None:
             return p.peer_elsewhere
-        others = [q for (r, name), q in self.paths.items() if name == p.peer and r != p.rail]
+        others = [q for q in self._peer_paths.get(p.peer, ()) if q.rail != p.rail]
         return not others or any(q.state == PathState.UP for q in others)
 
     def _avoided_paths(self, now_ns: int) -> frozenset[tuple[int, str]]:
@@ -609,9 +651,14 @@ class Engine:
         rail failed announces it (``peer_rails``), which the plan follows without waiting."""
         hold = self.policy.probe.detect_multiplier * self.policy.probe.interval_ms * 1_000_000
         lossy_hold = self._lossy_hold_ns()
-        return frozenset(k for k, p in self.paths.items()
-                         if (k in self.lossy and now_ns - self._lossy_since.get(k, now_ns) >= lossy_hold)
-                         or (self._down_counts(p) and now_ns - p.since_ns >= hold))
+        # only DOWN and lossy paths can be avoided: look at those, not at every path
+        out = set()
+        for k in {*self._down, *self.lossy}:
+            p = self.paths.get(k)
+            if p is not None and ((k in self.lossy and now_ns - self._lossy_since.get(k, now_ns) >= lossy_hold)
+                                  or (self._down_counts(p) and now_ns - p.since_ns >= hold)):
+                out.add(k)
+        return frozenset(out)
 
     def _lossy_hold_ns(self) -> int:
         """How long a lossy path alone stays lossy before routes leave it: as long as the loss
@@ -652,8 +699,8 @@ class Engine:
         (and traffic to it leaves the rail either way, which is what that peer's fault needs).
         """
         pc = self.policy.probe
-        on_rail = [p for (r, _), p in self.paths.items()
-                   if r == rid and p.state != PathState.UNKNOWN and self._fresh(p, now_ns) and not self._peer_explains(p)]
+        on_rail = [p for p in self._rail_paths.get(rid, ())
+                   if p.state != PathState.UNKNOWN and self._fresh(p, now_ns) and not self._peer_explains(p)]
         down = sum(1 for p in on_rail if self._path_counts(p))
         silent = sum(1 for p in on_rail if p.state == PathState.DOWN and not self._path_counts(p))
         evidence = len(on_rail) - silent

@@ -53,6 +53,8 @@ class ProbeFilter:
         self.last_ok_ns: dict[tuple[int, str], int] = {}
         self.path_window: dict[tuple[int, str], deque] = {}  # path -> (t_ns, ok) in the loss window
         self.path_lost: dict[tuple[int, str], int] = {}
+        self.path_gen: dict[tuple[int, str], int] = {}  # path -> how often its window restarted
+        self.rail_q: dict[int, deque] = {}  # rail -> ((t_ns, ok), path, gen) of its live windows, oldest first
         self.streak: dict[tuple[int, str], int] = {}  # path -> misses in a row
         self.revived_ns: dict[tuple[int, str], int] = {}  # path -> when it last answered after being dead
         self.rail_n: dict[int, int] = {}  # per rail, over its live paths: probes in the window
@@ -159,60 +161,73 @@ class ProbeFilter:
         the path/rail verdict's business, and counting it would mark the whole rail DEGRADED
         for one dead peer.  It counts again from its next answer, with its window restarted
         there (the dead time is not loss either).  Returns False for a miss left out (a probe
-        sent while the path was dead)."""
+        sent while the path was dead).
+
+        Entries leave by time, rail-wide: each result expires every entry of its rail older
+        than the window, whatever path it came from (a rail-wide queue in arrival order), so a
+        slow path's old answer leaves on time instead of at its next result one sweep later
+        (at 16,384 peers the rail's ratio would otherwise hold one stale success per peer)."""
         rail = ev.rail
+        t = ev.t_ns
         win = self.path_window.get(key)
-        if ev.ok and win and not self.streak.get(key, 0):
-            # the common case, kept cheap (thousands a second): an answer on a live path; what
-            # leaves its window leaves the rail's totals too
-            t = ev.t_ns
-            win.append((t, True))
-            n = self.rail_n.get(rail, 0) + 1
-            horizon = t - self.probe.loss_window_ms * 1_000_000
-            if win[0][0] < horizon:
-                gone_lost = 0
-                while win[0][0] < horizon:  # never empties: the answer just added is inside
-                    if not win.popleft()[1]:
-                        gone_lost += 1
-                    n -= 1
-                if gone_lost:
-                    self.path_lost[key] -= gone_lost
-                    self.rail_lost[rail] -= gone_lost
-            self.rail_n[rail] = n
-            self._report(rail, self.rail_lost.get(rail, 0) / n if n else 0.0, n, t)
+        if ev.ok and win is not None and not self.streak.get(key, 0):
+            # the common case, kept cheap (thousands a second): an answer on a live path
+            e = (t, True)
+            win.append(e)
+            self._rail_q(rail).append((e, key, self.path_gen.get(key, 0)))
+            self.rail_n[rail] = self.rail_n.get(rail, 0) + 1
+            self._expire(rail, t)
             return True
-        if not ev.ok and ev.t_ns < self.revived_ns.get(key, -1) + self.probe.interval_ms * 1_000_000:
+        if not ev.ok and t < self.revived_ns.get(key, -1) + self.probe.interval_ms * 1_000_000:
             return False  # a probe sent while the path was still dead, lost after it came back: not loss
         was_live = self._live(key)
         self.streak[key] = 0 if ev.ok else self.streak.get(key, 0) + 1
         if win is None:
             win = self.path_window[key] = deque()
-        if not was_live:  # a dead path answers again: its silence was not loss, start afresh
-            self.revived_ns[key] = ev.t_ns
+        if was_live:  # take the path's old contribution out of the rail's totals
+            self.rail_n[rail] = self.rail_n.get(rail, 0) - len(win)
+            self.rail_lost[rail] = self.rail_lost.get(rail, 0) - self.path_lost.get(key, 0)
+        else:  # a dead path answers again: its silence was not loss, start afresh
+            self.revived_ns[key] = t
             win.clear()
             self.path_lost[key] = 0
-        win.append((ev.t_ns, ev.ok))
-        lost = self.path_lost.get(key, 0) + (0 if ev.ok else 1)
-        horizon = ev.t_ns - self.probe.loss_window_ms * 1_000_000
-        gone = gone_lost = 0
-        while win and win[0][0] < horizon:
-            _, ok = win.popleft()
-            gone += 1
-            if not ok:
-                gone_lost += 1
-        lost -= gone_lost
-        old_n, old_lost = max(0, len(win) + gone - 1), self.path_lost.get(key, 0)
-        self.path_lost[key] = lost
-        is_live = self._live(key)
-        if was_live:  # take the path's old contribution out of the rail's totals
-            self.rail_n[rail] = self.rail_n.get(rail, 0) - old_n
-            self.rail_lost[rail] = self.rail_lost.get(rail, 0) - old_lost
-        if is_live:
+            self.path_gen[key] = self.path_gen.get(key, 0) + 1  # its entries in the rail queue are void
+        e = (t, ev.ok)
+        win.append(e)
+        self._rail_q(rail).append((e, key, self.path_gen.get(key, 0)))
+        self.path_lost[key] = self.path_lost.get(key, 0) + (0 if ev.ok else 1)
+        if self._live(key):
             self.rail_n[rail] = self.rail_n.get(rail, 0) + len(win)
-            self.rail_lost[rail] = self.rail_lost.get(rail, 0) + lost
-        n = self.rail_n.get(rail, 0)
-        self._report(rail, self.rail_lost.get(rail, 0) / n if n else 0.0, n, ev.t_ns)
+            self.rail_lost[rail] = self.rail_lost.get(rail, 0) + self.path_lost[key]
+        self._expire(rail, t)
         return True
+
+    def _rail_q(self, rail: int) -> deque:
+        q = self.rail_q.get(rail)
+        if q is None:
+            q = self.rail_q[rail] = deque()
+        return q
+
+    def _expire(self, rail: int, t_ns: int) -> None:
+        """Drop the rail's window entries older than the window at ``t_ns`` (from their path's
+        window too, and from the rail's totals if that path is live), then report the ratio."""
+        q = self.rail_q.get(rail)
+        horizon = t_ns - self.probe.loss_window_ms * 1_000_000
+        while q and q[0][0][0] < horizon:
+            e, key, gen = q.popleft()
+            win = self.path_window.get(key)
+            if gen != self.path_gen.get(key, 0) or not win or win[0] is not e:
+                continue  # the path's window restarted since (a revived path)
+            win.popleft()
+            live = self._live(key)
+            if live:
+                self.rail_n[rail] -= 1
+            if not e[1]:
+                self.path_lost[key] -= 1
+                if live:
+                    self.rail_lost[rail] -= 1
+        n = self.rail_n.get(rail, 0)
+        self._report(rail, self.rail_lost.get(rail, 0) / n if n else 0.0, n, t_ns)
 
     def _report(self, rail: int, ratio: float, n: int, t_ns: int) -> None:
         """Post the rail's ratio at most every REPORT_S, and at once when it crosses the

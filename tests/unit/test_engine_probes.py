@@ -245,7 +245,8 @@ def test_loss_ratio_leaves_out_dead_paths_but_counts_lossy_ones():
     assert 0.2 < ratio[1] < 0.4 and 199 <= f.rail_n[1] <= 201
     assert any(isinstance(x, ProbeLoss) and x.rail == 1 and x.loss > 0.1 for x in out)  # reported at once
     f(ProbeResult(0, "h1", True, t + MS, rtt_ns=1))  # h1 answers again: it counts again, afresh
-    assert f.rail_n[0] == 202 and f.rail_lost[0] == 0
+    # 201: h1's one answer in, and h2's answer of 2 s before gone (entries leave by time, rail-wide)
+    assert f.rail_n[0] == 201 and f.rail_lost[0] == 0
     f(ProbeResult(0, "h1", False, t + 5 * MS))  # sent before it came back: not loss
     assert f.rail_lost[0] == 0
     f(ProbeResult(0, "h1", False, t + 12 * MS))  # sent after: loss
@@ -276,6 +277,31 @@ def test_loss_window_totals_equal_a_recount_of_the_live_paths_windows():
             assert f.path_lost[k] == sum(1 for _, ok in win if not ok)
             horizon = win[-1][0] - f.probe.loss_window_ms * MS if win else 0
             assert all(tt >= horizon for tt, _ in win) or not f._live(k) or f.streak.get(k)
+
+
+def test_old_answers_of_slow_paths_leave_the_rail_ratio_on_time():
+    """Entries leave the loss window by time, rail-wide: 50 slow paths that answered once, 3 s
+    ago, are not in the ratio of a rail whose fast path now loses probes (before, each stayed
+    until its path's next result, one slow sweep later: at scale the ratio was diluted)."""
+    from linkpass.core.probe_filter import ProbeFilter
+
+    cfg = make_cfg(rails=(0,), n_peers=51, hold_down_ms=100)
+    out = []
+    f = ProbeFilter(probe_policy(cfg.probe), out.append)
+    for i in range(1, 51):  # the slow sweep: each answered once, long ago
+        f(ProbeResult(0, f"h{i}", True, i * MS, rtt_ns=1))
+    t = 2500 * MS
+    for _ in range(50):  # the fast path answers, then loses 10 probes in a row
+        t += 10 * MS
+        f(ProbeResult(0, "h51", True, t, rtt_ns=1))
+    for _ in range(10):
+        t += 10 * MS
+        f(ProbeResult(0, "h51", False, t, peer_elsewhere=True))
+    assert (f.rail_n[0], f.rail_lost[0]) == (60, 10)
+    # reported at once on crossing the DEGRADED threshold, over the recent entries only (with
+    # the 50 stale answers in, 10 of 110 would stay under it)
+    crossed = [x for x in out if isinstance(x, ProbeLoss) and x.loss > cfg.probe.degraded_loss]
+    assert crossed and all(x.samples <= 60 for x in crossed)
 
 
 def test_equally_lossy_rails_keep_their_traffic_a_better_rail_takes_it():
@@ -327,3 +353,37 @@ def test_a_rail_whose_loss_window_runs_short_keeps_its_avoided_state():
     assert decided(e.handle(ProbeLoss(0, 0.5, 5, t + MS), t + MS)) == []
     assert decided(e.handle(ProbeLoss(1, 0.0, 200, t + 2 * MS), t + 2 * MS)) == []  # no flip back
     assert e.avoided_degraded() == frozenset({0})
+
+
+def test_rejudging_only_the_touched_rails_decides_like_rejudging_every_rail(monkeypatch):
+    """Per result the engine re-judges the result's rail (and the rails where that peer's DOWN
+    path counts by its other paths), every rail only once a second.  Fed the same random
+    results (every path heard well within the staleness bound, misses with and without the
+    peer_elsewhere word), it must decide exactly as an engine that re-judges every rail each
+    time."""
+    import random
+
+    from linkpass.core import engine as engine_mod
+
+    def run(full_every_ns):
+        monkeypatch.setattr(engine_mod, "FULL_REVERDICT_NS", full_every_ns)
+        cfg = make_cfg(rails=(0, 1, 2), n_peers=4, hold_down_ms=100)
+        e = Engine(policy_from_config(cfg))
+        e.handle(snapshot(cfg, 0), 0)
+        rng = random.Random(5)
+        peers = [p.name for p in cfg.peers]
+        bad = {0: 0.0, 1: 0.0, 2: 0.0}
+        trace = []
+        t = 0
+        for i in range(4000):
+            if i % 500 == 0:  # the fault moves: one rail blackholed for some peers, or none
+                bad = {r: (0.95 if r == rng.choice((0, 1, 2, None)) else 0.02) for r in (0, 1, 2)}
+            t += rng.choice((1, 2, 5)) * MS
+            rail, peer = rng.choice((0, 1, 2)), rng.choice(peers)
+            ok = rng.random() >= bad[rail] * (1.0 if peer != peers[0] else 0.3)
+            word = None if ok else rng.choice((True, True, False, None))
+            acts = e.handle(ProbeResult(rail, peer, ok, t, rtt_ns=20_000 if ok else None, peer_elsewhere=word), t)
+            trace.append((dict(e.probe_failed), sorted(e._plan_path_down), [type(a).__name__ for a in acts]))
+        return trace
+
+    assert run(engine_mod.FULL_REVERDICT_NS) == run(0)

@@ -119,7 +119,7 @@ def test_cli_runs_and_writes_json(tmp_path):
                  "--json", str(out)]) == 0
     d = json.loads(out.read_text())
     size = d["sizes"][0]
-    assert size["sim"]["hosts"] == 8 and size["notices"]["datagrams_per_refresh"] == 8 * 7
+    assert size["sim"]["hosts"] == 8 and size["notices"]["datagrams_per_refresh"] == 7  # one rail per refresh, 7 peers
     assert d["date"] and d["command"].startswith("linkpass bench scale")
 
 
