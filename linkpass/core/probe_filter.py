@@ -53,8 +53,7 @@ class ProbeFilter:
         self.last_ok_ns: dict[tuple[int, str], int] = {}
         self.path_window: dict[tuple[int, str], deque] = {}  # path -> (t_ns, ok) in the loss window
         self.path_lost: dict[tuple[int, str], int] = {}
-        self.path_gen: dict[tuple[int, str], int] = {}  # path -> how often its window restarted
-        self.rail_q: dict[int, deque] = {}  # rail -> ((t_ns, ok), path, gen) of its live windows, oldest first
+        self.rail_q: dict[int, deque] = {}  # rail -> ((t_ns, ok), path) of its paths' windows, oldest first
         self.streak: dict[tuple[int, str], int] = {}  # path -> misses in a row
         self.revived_ns: dict[tuple[int, str], int] = {}  # path -> when it last answered after being dead
         self.rail_n: dict[int, int] = {}  # per rail, over its live paths: probes in the window
@@ -174,9 +173,16 @@ class ProbeFilter:
             # the common case, kept cheap (thousands a second): an answer on a live path
             e = (t, True)
             win.append(e)
-            self._rail_q(rail).append((e, key, self.path_gen.get(key, 0)))
-            self.rail_n[rail] = self.rail_n.get(rail, 0) + 1
-            self._expire(rail, t)
+            q = self.rail_q.get(rail)
+            if q is None:
+                q = self.rail_q[rail] = deque()
+            q.append((e, key))
+            n = self.rail_n.get(rail, 0) + 1
+            horizon = t - self.probe.loss_window_ms * 1_000_000
+            if q[0][0][0] < horizon:
+                n = self._expire(rail, q, horizon, n)
+            self.rail_n[rail] = n
+            self._report(rail, self.rail_lost.get(rail, 0) / n if n else 0.0, n, t)
             return True
         if not ev.ok and t < self.revived_ns.get(key, -1) + self.probe.interval_ms * 1_000_000:
             return False  # a probe sent while the path was still dead, lost after it came back: not loss
@@ -189,45 +195,47 @@ class ProbeFilter:
             self.rail_lost[rail] = self.rail_lost.get(rail, 0) - self.path_lost.get(key, 0)
         else:  # a dead path answers again: its silence was not loss, start afresh
             self.revived_ns[key] = t
-            win.clear()
+            win.clear()  # its entries still in the rail queue are skipped (no longer in the window)
             self.path_lost[key] = 0
-            self.path_gen[key] = self.path_gen.get(key, 0) + 1  # its entries in the rail queue are void
         e = (t, ev.ok)
         win.append(e)
-        self._rail_q(rail).append((e, key, self.path_gen.get(key, 0)))
+        q = self.rail_q.get(rail)
+        if q is None:
+            q = self.rail_q[rail] = deque()
+        q.append((e, key))
         self.path_lost[key] = self.path_lost.get(key, 0) + (0 if ev.ok else 1)
         if self._live(key):
             self.rail_n[rail] = self.rail_n.get(rail, 0) + len(win)
             self.rail_lost[rail] = self.rail_lost.get(rail, 0) + self.path_lost[key]
-        self._expire(rail, t)
+        n = self._expire(rail, q, t - self.probe.loss_window_ms * 1_000_000, self.rail_n.get(rail, 0))
+        self.rail_n[rail] = n
+        self._report(rail, self.rail_lost.get(rail, 0) / n if n else 0.0, n, t)
         return True
 
-    def _rail_q(self, rail: int) -> deque:
-        q = self.rail_q.get(rail)
-        if q is None:
-            q = self.rail_q[rail] = deque()
-        return q
-
-    def _expire(self, rail: int, t_ns: int) -> None:
-        """Drop the rail's window entries older than the window at ``t_ns`` (from their path's
-        window too, and from the rail's totals if that path is live), then report the ratio."""
-        q = self.rail_q.get(rail)
-        horizon = t_ns - self.probe.loss_window_ms * 1_000_000
+    def _expire(self, rail: int, q: deque, horizon: int, n: int) -> int:
+        """Drop the rail's window entries from before ``horizon`` (ns), from their path's window
+        too and, for a live path, from the rail's totals; ``n`` is the rail's count so far.
+        Returns the count after.  An entry is still in its path's window exactly when it is
+        that window's head (both queues keep arrival order); one that is not was cleared by a
+        revival."""
+        dead = self._dead_streak()
+        lost_gone = 0
         while q and q[0][0][0] < horizon:
-            e, key, gen = q.popleft()
+            e, key = q.popleft()
             win = self.path_window.get(key)
-            if gen != self.path_gen.get(key, 0) or not win or win[0] is not e:
-                continue  # the path's window restarted since (a revived path)
+            if not win or win[0] is not e:
+                continue
             win.popleft()
-            live = self._live(key)
+            live = self.streak.get(key, 0) < dead
             if live:
-                self.rail_n[rail] -= 1
+                n -= 1
             if not e[1]:
                 self.path_lost[key] -= 1
                 if live:
-                    self.rail_lost[rail] -= 1
-        n = self.rail_n.get(rail, 0)
-        self._report(rail, self.rail_lost.get(rail, 0) / n if n else 0.0, n, t_ns)
+                    lost_gone += 1
+        if lost_gone:
+            self.rail_lost[rail] -= lost_gone
+        return n
 
     def _report(self, rail: int, ratio: float, n: int, t_ns: int) -> None:
         """Post the rail's ratio at most every REPORT_S, and at once when it crosses the
