@@ -79,23 +79,28 @@ def test_a_big_send_is_spread_over_loop_turns_and_a_newer_one_replaces_its_rest(
     assert first == [(0, f"198.18.0.{10 + i}", 1) for i in range(4)]
 
 
-def test_refresh_goes_over_one_usable_rail_at_a_time_in_turn(monkeypatch):
-    ns, sent = _service(_cfg(n_peers=2))
-    turns = {"n": 0}
+def _refresh_turns(monkeypatch, ns, state, turns: int) -> None:
+    """Run ``ns.refresh_loop`` for ``turns`` periods (its sleep counts them, no time passes)."""
+    n = {"n": 0}
 
     async def fake_sleep(_s):
-        turns["n"] += 1
-        if turns["n"] > 5:
+        n["n"] += 1
+        if n["n"] > turns:
             raise asyncio.CancelledError
 
     monkeypatch.setattr(mod.asyncio, "sleep", fake_sleep)
 
     async def main():
-        ns._state = _state(7, usable=(0, 2))
+        ns._state = state
         with pytest.raises(asyncio.CancelledError):
             await ns.refresh_loop()
 
     asyncio.run(main())
+
+
+def test_refresh_goes_over_one_usable_rail_at_a_time_in_turn(monkeypatch):
+    ns, sent = _service(_cfg(n_peers=2))
+    _refresh_turns(monkeypatch, ns, _state(7, usable=(0, 2)), 5)
     # 5 refreshes, each to both peers over one rail: 0, 2, 0, 2, 0
     assert [r for r, _, _ in sent] == [0, 0, 2, 2, 0, 0, 2, 2, 0, 0]
     assert {g for _, _, g in sent} == {7}
@@ -103,19 +108,5 @@ def test_refresh_goes_over_one_usable_rail_at_a_time_in_turn(monkeypatch):
 
 def test_refresh_with_no_usable_rail_sends_nothing(monkeypatch):
     ns, sent = _service(_cfg(n_peers=2))
-    turns = {"n": 0}
-
-    async def fake_sleep(_s):
-        turns["n"] += 1
-        if turns["n"] > 3:
-            raise asyncio.CancelledError
-
-    monkeypatch.setattr(mod.asyncio, "sleep", fake_sleep)
-
-    async def main():
-        ns._state = _state(3, usable=())
-        with pytest.raises(asyncio.CancelledError):
-            await ns.refresh_loop()
-
-    asyncio.run(main())
+    _refresh_turns(monkeypatch, ns, _state(3, usable=()), 3)
     assert sent == []
