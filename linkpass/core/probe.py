@@ -472,12 +472,13 @@ class Schedule:
         self._slow_cursor = 0
         self._slow_debt = 0.0
         self._confirm: dict[tuple[int, str], list[int]] = {}  # path -> [next send ns, end ns]
+        self.version = 0  # +1 per _arrange: callers cache what they derive from the sets
         self._arrange(now_ns)
 
     # ------------------------------------------------------------ configuration
 
     def _arrange(self, now_ns: int) -> None:
-        self.version = getattr(self, "version", 0) + 1  # callers cache what they derive from the sets
+        self.version += 1
         fast: list[tuple[int, str]] = []
         slow: list[tuple[int, str]] = []
         per_rail_slow: dict[int, list[str]] = {}

@@ -92,12 +92,7 @@ class ProbeFilter:
             self.last_ok_ns[key] = ev.t_ns
             self.absorbed += 1
             self._account(key, ev)
-            t = self.tests.get(key)
-            if t is None:
-                t = self.tests[key] = PathLossTest(self.loss_test)
-            probes = t.probes + 1
-            if t.update(True):
-                self._post_verdict(key, ev, t, probes)
+            self._test(key, ev)
             return
         answered_before = prev is not None or ev.ok
         if ev.ok:
