@@ -67,7 +67,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
-from linkpass.adapters.notices import NoticeService
+from linkpass.adapters.notices import NoticeService, refresh_period_s
 from linkpass.adapters.prober import ring_order
 from linkpass.config.policy import damping_policy, probe_policy
 from linkpass.config.schema import DaemonSection, DampingSection, ProbeSection
@@ -590,7 +590,8 @@ def measure_notices(hosts: int, rails: int = 8) -> dict:
              for i, n in enumerate(names) if i != 0]
     cfg = SimpleNamespace(peers=peers, rails=[SimpleNamespace(id=r, netdev=f"rail{r}") for r in range(rails)],
                           daemon=SimpleNamespace(host=names[0], notice_port=7471,
-                                                 notice_refresh_ms=DaemonSection.model_fields["notice_refresh_ms"].default))
+                                                 notice_refresh_ms=DaemonSection.model_fields["notice_refresh_ms"].default,
+                                                 notice_refresh_max_pps=DaemonSection.model_fields["notice_refresh_max_pps"].default))
     ns = NoticeService(cfg, KEY, lambda ev: None)
     ns._send_socks = {r: CountingSock() for r in range(rails)}
     state = SendNotice(1, frozenset(range(rails)), urgent=False)
@@ -616,8 +617,8 @@ def measure_notices(hosts: int, rails: int = 8) -> dict:
     for d, a in datagrams:
         rx.on_datagram(d, a)
     rx_us = (time.process_time() - t) / len(datagrams) * 1e6
-    refresh_s = cfg.daemon.notice_refresh_ms / 1000
-    return {"hosts": hosts, "datagrams_per_refresh": per_refresh, "bytes_per_datagram": sent["bytes"] // max(1, sent["n"]),
+    refresh_s = refresh_period_s(cfg)
+    return {"hosts": hosts, "datagrams_per_refresh": per_refresh, "refresh_period_s": round(refresh_s, 3), "bytes_per_datagram": sent["bytes"] // max(1, sent["n"]),
             "refresh_tx_per_s": round(per_refresh / refresh_s), "refresh_rx_per_s": round(per_refresh / refresh_s),
             "send_loop_us_per_datagram": round(loop_us, 3), "on_datagram_us": round(rx_us, 3),
             "urgent_burst_datagrams": 3 * (rails - 1) * (hosts - 1),

@@ -111,6 +111,7 @@ class DaemonSection(_Strict):
                                         description="File (mode 0600) holding "
                                         "the shared HMAC key for peer notices and probes (unset: both are off).")
     notice_refresh_ms: StrictInt = Field(1000, ge=50, le=600_000, description="Period of the full-state notice sent to every peer (over one usable rail at a time, in turn; urgent notices go over every usable rail).")
+    notice_refresh_max_pps: StrictInt = Field(2000, ge=1, le=1_000_000, description="Most refresh datagrams a second this host sends; every host sends one to each peer per period, so this is also about what each host receives and verifies. With more peers than this x notice_refresh_ms / 1000 the refresh period grows to peers / this (seconds): 8.2 s at 16,384 hosts. Urgent notices are not capped.")
     netlink_rcvbuf_bytes: StrictInt = Field(4 * 1024 * 1024, ge=4096, le=1 << 30, description="SO_RCVBUF of the netlink event socket; "
                                       "an overflow (ENOBUFS) loses events and forces a resync from a dump.")
     ignore_routes_with_linkdown: StrictBool = Field(True, description="Set net.ipv4.conf.<rail>.ignore_routes_with_linkdown=1 "
