@@ -30,8 +30,9 @@ Sampling (16,384 full engines do not fit one core's five minutes): X, X's two ri
 peer's detection time depends only on where X falls in its slow sweep, and the sweep order is the
 ring order by SHA-256 of the names, so a uniform draw of peers is a uniform draw of that position;
 ``sweep_s`` x 2..3 bounds it for every host (printed next to the sample).  Above
-``--full-engine-max`` hosts X's engine is not fed every result (each result makes it scan all
-``8 x (H-1)`` paths: the cost measured below); its ``PathHealth`` objects are updated the way
+``--full-engine-max`` hosts (default 65,536: X's real engine runs at every size simulated in
+deploy/SCALING.md; before the engine kept per-rail counts a result cost a scan of the rail's
+paths and this was 2,048) X's engine is not fed every result; its ``PathHealth`` objects are updated the way
 ``Engine._on_probe`` updates them and the real ``Engine._probe_verdict`` is asked once per
 simulated second; when it fails the rail, the sim sends X's notice itself (the real engine sends an
 urgent ``SendNotice`` when its usable rails change).  ``verdict_mode`` in the JSON says which.
@@ -340,7 +341,7 @@ class Sim:
     """One run: H hosts, the tracked ones simulated (see the module docstring)."""
 
     def __init__(self, hosts: int, *, rails: int = 8, sample: int = 32, seed: int = 1, fault: str = "blackhole",
-                 rtt_us: float = 30.0, window_s: float | None = None, full_engine_max: int = 2048,
+                 rtt_us: float = 30.0, window_s: float | None = None, full_engine_max: int = 65536,
                  send_cost_ns: int = 4_000, fault_host: int | None = None, fault_rail: int = 0,
                  stop_when_left: bool = True):
         if hosts < 3:

@@ -79,7 +79,7 @@ def add_scale_options(ap) -> None:
     ap.add_argument("--window-s", type=float, default=None,
                     help="simulated seconds after the fault (default 3.2 slow sweeps + 5 s; a blackhole run stops "
                     "once every simulated host has left the rail)")
-    ap.add_argument("--full-engine-max", type=int, default=2048,
+    ap.add_argument("--full-engine-max", type=int, default=65536,
                     help="above this many hosts the faulted host's engine runs verdict-only (see bench/scale_sim.py)")
     ap.add_argument("--engine-calls", type=int, default=10, help="engine results timed per size (default 10)")
     ap.add_argument("--json", metavar="FILE", help="write the figures as JSON here")
