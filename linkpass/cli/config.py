@@ -46,6 +46,7 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined, to_jsonable_python
 
+from linkpass.cli.argtypes import one_line_errors
 from linkpass.config import Config, ConfigError, load_config, notice_key
 
 PROG = "linkpass config"
@@ -390,14 +391,6 @@ def cmd_show(args) -> int:
     return 0
 
 
-def _one_line_errors(p: argparse.ArgumentParser, prog: str) -> None:
-    def error(message: str):
-        print(f"{prog}: {message} (see `{prog} --help`)", file=sys.stderr)
-        sys.exit(2)
-
-    p.error = error  # type: ignore[method-assign]
-
-
 def register(subparsers) -> None:
     """Add ``config check`` and ``config show`` to the ``linkpass`` parser."""
     c = subparsers.add_parser("config", help="check a config file, show effective or default settings",
@@ -419,7 +412,7 @@ def register(subparsers) -> None:
     s.add_argument("--example", action="store_true", help="print the example config (deploy/linkpass.toml.example)")
     s.set_defaults(func=cmd_show)
     for p, prog in ((c, PROG), (k, f"{PROG} check"), (s, f"{PROG} show")):
-        _one_line_errors(p, prog)
+        one_line_errors(p, prog)
 
 
 def main(argv: list[str] | None = None) -> int:
