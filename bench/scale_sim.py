@@ -58,6 +58,7 @@ import heapq
 import ipaddress
 import json
 import logging
+import os
 import random
 import socket
 import subprocess
@@ -347,7 +348,8 @@ class Sim:
         if hosts < 3:
             raise ValueError(f"--hosts {hosts}: at least 3 hosts")
         if rails < 2 or rails * hosts > ADDR_SPACE:
-            raise ValueError(f"{rails} rails x {hosts} hosts do not fit 198.18.0.0/15 (at most {ADDR_SPACE} addresses)")
+            raise ValueError(f"--rails {rails} x --hosts {hosts}: {rails} rails x {hosts} hosts do not fit 198.18.0.0/15 "
+                             f"(at most {ADDR_SPACE} addresses; --rails at least 2)")
         self.hosts, self.rails, self.seed = hosts, rails, seed
         self.rng = random.Random(seed)
         kind, loss = parse_fault(fault)
@@ -691,15 +693,36 @@ def main(argv: list[str] | None = None, args=None) -> int:
 def _main(argv: list[str] | None = None, args=None) -> int:
     if args is None:
         from linkpass.lab.benchcmd import add_scale_options
-        ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+        ap = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
         add_scale_options(ap)
-        args = ap.parse_args(argv)
+        try:
+            args = ap.parse_args(argv)
+        except SystemExit as e:  # a bad value: argparse said which, with the usage
+            return e.code if isinstance(e.code, int) else 2
+    prog = getattr(args, "prog", None) or PROG
+    # every argument is checked before anything is measured
     try:
         sizes = [int(x) for x in str(args.hosts).split(",") if x.strip()]
+        if not sizes:
+            raise ValueError(f"--hosts {args.hosts!r}: comma-separated integers")
         parse_fault(args.fault)
+        for h in sizes:
+            Sim(h, rails=args.rails, sample=0, fault=args.fault)  # bad sizes fail before any work
     except ValueError as e:
-        print(f"{PROG}: {e if 'fault' in str(e) else f'--hosts {args.hosts!r}: comma-separated integers'}", file=sys.stderr)
+        print(f"{prog}: {e if str(e).startswith('--') else f'--hosts {args.hosts!r}: comma-separated integers'}",
+              file=sys.stderr)
         return 2
+    if args.json:
+        parent = Path(args.json).parent
+        try:
+            parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            print(f"{prog}: --json {args.json}: cannot make {str(parent)!r} ({e.strerror or e})", file=sys.stderr)
+            return 2
+        if Path(args.json).is_dir() or not os.access(parent, os.W_OK):
+            print(f"{prog}: --json {args.json}: {'a directory' if Path(args.json).is_dir() else 'not writable'}",
+                  file=sys.stderr)
+            return 2
     logging.getLogger("linkpass").setLevel(logging.ERROR)  # the engines' per-event log lines, thousands of them
     costs = measure_costs()
     out = {"date": time.strftime("%Y-%m-%d", time.gmtime()), "commit": _commit(),
@@ -707,12 +730,6 @@ def _main(argv: list[str] | None = None, args=None) -> int:
            "costs_us": costs, "sizes": []}
     print(f"costs (us): " + ", ".join(f"{k} {v}" for k, v in costs.items()))
     for h in sizes:
-        try:
-            probe_args = Sim(h, rails=args.rails, sample=0, fault=args.fault)  # bad sizes fail before any work
-        except ValueError as e:
-            print(f"{PROG}: {e}", file=sys.stderr)
-            return 2
-        del probe_args
         notices = measure_notices(h, args.rails)
         # one notice datagram leaves after the send loop's own work and one sendto
         send_ns = int(1000 * (notices["send_loop_us_per_datagram"] + costs["udp_send_recv_us"] / 2))
