@@ -82,6 +82,17 @@ _NO_PART = (0, 0, 0, 0)
 CHECK_COUNTS = False
 
 
+def _two_proportion_z(worse: tuple[float, int], better: tuple[float, int]) -> float:
+    """z score of 'loss ratio ``worse`` over its n results exceeds ``better`` over its n'
+    (pooled two-proportion test; +inf when both are exact and ``worse`` is higher)."""
+    (lw, nw), (lb, nb) = worse, better
+    p = (lw * nw + lb * nb) / (nw + nb)
+    se = math.sqrt(p * (1 - p) * (1 / nw + 1 / nb))
+    if se == 0:
+        return math.inf if lw > lb else 0.0
+    return (lw - lb) / se
+
+
 class Engine:
     """Decides, from what adapters saw, which routes and notices the host needs.
 
@@ -153,6 +164,7 @@ class Engine:
         self.degraded: set[int] = set()
         self.lossy: dict[tuple[int, str], str] = {}  # path -> why its loss test says it is lossy
         self._lossy_since: dict[tuple[int, str], int] = {}  # path -> when its loss test called it lossy (ns)
+        self._lossy_window: dict[tuple[int, str], tuple[float, int]] = {}  # path -> (loss, samples) at that verdict
         self._avoided: frozenset[int] = frozenset()  # the DEGRADED rails traffic was last moved off
         self.incidents: deque[dict] = deque(maxlen=INCIDENTS_KEPT)  # recent device incidents, oldest first
         self.at_risk: dict[tuple[str, int], dict] = {}  # (kind, subject) -> the verdict entry while at risk
@@ -188,6 +200,7 @@ class Engine:
         self.peer_usable = {k: v for k, v in self.peer_usable.items() if k in names}
         self.lossy = {k: v for k, v in self.lossy.items() if k[1] in names and k[0] in self.rails}
         self._lossy_since = {k: v for k, v in self._lossy_since.items() if k in self.lossy}
+        self._lossy_window = {k: v for k, v in self._lossy_window.items() if k in self.lossy}
         self._netdev_rail = {r.netdev: r.id for r in policy.rails}
         self._rail_peers = {r.id: sum(1 for p in policy.peers if r.id in p.rail_ips) for r in policy.rails}
         self._dsts = all_destinations(policy)
@@ -724,10 +737,44 @@ class Engine:
         out = set()
         for k in {*self._down, *self.lossy}:
             p = self.paths.get(k)
-            if p is not None and ((k in self.lossy and now_ns - self._lossy_since.get(k, now_ns) >= lossy_hold)
+            if p is not None and ((k in self.lossy and now_ns - self._lossy_since.get(k, now_ns) >= lossy_hold
+                                   and self._lossier_than_elsewhere(k))
                                   or (self._down_counts(p) and now_ns - p.since_ns >= hold)):
                 out.add(k)
         return frozenset(out)
+
+    def _lossier_than_elsewhere(self, k: tuple[int, str]) -> bool:
+        """Whether lossy path ``k`` loses clearly more than the rails its traffic would move to:
+        its loss window at the verdict against the least lossy of the peer's other usable rails
+        (rail-wide loss windows), by the two-proportion z-test the DEGRADED rails use (z >= 4 to
+        leave the path, z >= 2 to stay off it).  True when either side is unknown (fewer than 20
+        results), as before the test existed.
+
+        Why: the sequential test asks "is this path at ``lossy_loss`` rather than
+        ``healthy_loss``?", and on a fabric whose every rail loses more than ``healthy_loss``
+        (2 % per port: 7.8 % of round trips, twice the default) it now and then says yes for
+        one path by chance; moving that peer's traffic to a rail that loses as much gains
+        nothing and changes routes (58-74 times in a 10-minute soak at that loss, bench/README.md).
+        A path really lossy among clean rails (30 % against 1 %: z ~ 6 over 100 results) is
+        still left."""
+        mine = self._lossy_window.get(k)
+        if mine is None or mine[1] < 20:
+            return True
+        rail, peer = k
+        pu = self.peer_usable.get(peer)
+        best: tuple[float, int] | None = None
+        for r in self.local_usable():
+            if r == rail or (pu is not None and r not in pu) or (r, peer) in self._down or (r, peer) in self.lossy:
+                continue
+            lr = self.loss.get(r)
+            if lr is None or lr[1] < 20:
+                return True  # an alternative of unknown loss: no evidence that it is as bad
+            if best is None or lr[0] < best[0]:
+                best = lr
+        if best is None:
+            return True  # nowhere else to go: what the plan does then is its business
+        need = 2.0 if k in self._plan_path_down else 4.0
+        return _two_proportion_z(mine, best) >= need
 
     def _lossy_hold_ns(self) -> int:
         """How long a lossy path alone stays lossy before routes leave it: as long as the loss
@@ -806,11 +853,14 @@ class Engine:
         loss = None if ev.loss is None else round(ev.loss, 4)
         if ev.lossy:
             self._lossy_since[key] = now_ns
+            if ev.loss is not None and ev.samples:
+                self._lossy_window[key] = (ev.loss, ev.samples)
             self.lossy[key] = (f"{ev.probes} probes judged lossy (loss {loss if loss is not None else '?'}, "
                                f">= {self.policy.probe.lossy_loss} by the sequential test)")
         else:
             del self.lossy[key]
             self._lossy_since.pop(key, None)
+            self._lossy_window.pop(key, None)
         p = self.paths.get(key)
         if p is not None:
             self._recount(p, now_ns)
@@ -934,14 +984,9 @@ class Engine:
         """z score of 'rail ``worse`` loses more probes than rail ``better``' (0 when unknown)."""
         if worse not in self.loss or better not in self.loss:
             return 0.0
-        (lw, nw), (lb, nb) = self.loss[worse], self.loss[better]
-        if nw < 20 or nb < 20:
+        if self.loss[worse][1] < 20 or self.loss[better][1] < 20:
             return 0.0
-        p = (lw * nw + lb * nb) / (nw + nb)
-        se = math.sqrt(p * (1 - p) * (1 / nw + 1 / nb))
-        if se == 0:
-            return math.inf if lw > lb else 0.0
-        return (lw - lb) / se
+        return _two_proportion_z(self.loss[worse], self.loss[better])
 
     def local_usable(self) -> frozenset[int]:
         """Ids of our rails that may carry traffic now."""

@@ -193,6 +193,7 @@ class PathLossy:
         t_ns: time of the result that decided it (monotonic ns).
         probes: results the verdict took since the previous one.
         loss: the path's loss ratio over its loss window then (0..1; None when unknown).
+        samples: probe results in that window (0 when unknown).
     """
 
     rail: int
@@ -201,6 +202,7 @@ class PathLossy:
     t_ns: int
     probes: int = 0
     loss: float | None = None
+    samples: int = 0
 
 
 @dataclass(frozen=True)

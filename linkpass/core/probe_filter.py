@@ -144,7 +144,7 @@ class ProbeFilter:
         win = self.path_window.get(key)
         n, lost = (len(win), self.path_lost.get(key, 0)) if win else (0, 0)
         (self.lossy.add if t.lossy else self.lossy.discard)(key)
-        self.post(PathLossy(ev.rail, ev.peer, t.lossy, ev.t_ns, probes, lost / n if n else None))
+        self.post(PathLossy(ev.rail, ev.peer, t.lossy, ev.t_ns, probes, lost / n if n else None, n))
 
     def _live(self, key: tuple[int, str]) -> bool:
         return self.streak.get(key, 0) < self._dead_streak()
