@@ -450,3 +450,25 @@ def test_a_probe_count_that_differs_from_the_scan_is_caught():
     e._rail_sums[0][1] += 1  # one more DOWN path than there is
     with pytest.raises(AssertionError, match="probe counts"):
         e._probe_verdict(0, 2 * MS)
+
+
+@pytest.mark.parametrize("windows,avoided", [
+    # 8 rails at 7.8 % round-trip loss (2 % per port), ~460 results each: the worst window
+    # (12.5 %) is z > 4 above the best (4.5 %) by chance, z < 4 above the pool it would move to
+    ({0: 0.125, 1: 0.045, 2: 0.078, 3: 0.08, 4: 0.085, 5: 0.08, 6: 0.075, 7: 0.078}, set()),
+    # one rail at 20 % among rails at 7.8 %: clearly worse than where its traffic goes
+    ({0: 0.20, 1: 0.05, 2: 0.078, 3: 0.07, 4: 0.085, 5: 0.08, 6: 0.065, 7: 0.075}, {0}),
+    # five rails at 20 %, three clean: each bad one against the clean pool
+    ({0: 0.20, 1: 0.21, 2: 0.19, 3: 0.20, 4: 0.22, 5: 0.01, 6: 0.0, 7: 0.02}, {0, 1, 2, 3, 4}),
+])
+def test_a_degraded_rail_is_avoided_against_the_pool_of_rails_its_traffic_would_move_to(windows, avoided):
+    cfg = make_cfg(rails=tuple(range(8)), n_peers=2, hold_down_ms=100)
+    e = Engine(policy_from_config(cfg))
+    e.handle(snapshot(cfg, 0), 0)
+    t = 10 * MS
+    # the clean rails' windows first: a DEGRADED rail judged against a partial pool would be
+    # avoided and then kept so by the hysteresis (z >= 2)
+    for r, loss in sorted(windows.items(), key=lambda kv: kv[1]):
+        e.handle(ProbeLoss(r, loss, 460, t), t)
+    assert e.degraded == {r for r, loss in windows.items() if loss > 0.1}
+    assert e.avoided_degraded() == frozenset(avoided)
