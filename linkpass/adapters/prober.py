@@ -64,6 +64,7 @@ from collections.abc import Callable, Sequence
 from linkpass.config import Config
 from linkpass.core import probe as wire
 from linkpass.core.model import Event, ProbeResult
+from linkpass.core.probe_filter import ProbeFilter
 
 log = logging.getLogger("linkpass.prober")
 
@@ -158,6 +159,8 @@ class Prober:
         self.cfg = cfg
         self.key = key
         self.post = post
+        self._post_of: object = None  # the post whose ``answered`` (if any) is cached below
+        self._answered_fast: Callable[..., None] | None = None
         self.clock = clock
         self.counters: Counter[str] = Counter()
         self.guard = wire.ReplyGuard()
@@ -751,7 +754,7 @@ class Prober:
         st = self.path_stats.get(key)
         if st is not None:
             st.record(True, rtt)
-        self.post(ProbeResult(pend.rail, pend.peer, True, t, rtt, pend.seq))
+        self._post_ok(pend.rail, pend.peer, t, rtt, pend.seq)
 
     def _proof(self, req: wire.Probe, now: int) -> None:
         """A request from a peer we probe on that rail: remember that we answered it, and if it
@@ -776,7 +779,19 @@ class Prober:
         self.schedule.settle(*key)
         self.counters["passive_ok"] += 1
         self.path_stats[key].record(True)
-        self.post(ProbeResult(key[0], key[1], True, now, None, 0))
+        self._post_ok(key[0], key[1], now, None, 0)
+
+    def _post_ok(self, rail: int, peer: str, t_ns: int, rtt_ns: int | None, seq: int) -> None:
+        """Post an answered probe: through the probe filter's ``answered`` when ``post`` is one
+        (:meth:`linkpass.core.probe_filter.ProbeFilter.answered`: the same result without
+        making the event when the filter absorbs it), else as a ``ProbeResult``."""
+        post = self.post
+        if post is not self._post_of:
+            self._post_of, self._answered_fast = post, post.answered if isinstance(post, ProbeFilter) else None
+        if self._answered_fast is not None:
+            self._answered_fast(rail, peer, t_ns, rtt_ns, seq)
+        else:
+            post(ProbeResult(rail, peer, True, t_ns, rtt_ns, seq))
 
     def _reject(self, kind: str, addr, err: Exception) -> None:
         name = "late" if kind == "late" else f"rejected_{kind}"

@@ -122,6 +122,39 @@ class ProbeFilter:
                 elif self.streak.get(key) == self._dead_streak():
                     self._undo_streak(key, ev)
 
+    def answered(self, rail: int, peer: str, t_ns: int, rtt_ns: int | None = None, seq: int = 0) -> None:
+        """An answered probe: exactly what ``self(ProbeResult(rail, peer, True, t_ns, rtt_ns,
+        seq))`` does, without making the event in the common case (an answer after an answer
+        on a live path whose loss test keeps its verdict), where nothing reaches the engine.
+        The prober calls this for every reply and passive proof (thousands a second); inside
+        the running daemon the event and the general path cost about a third of a reply's
+        handling (bench/README.md)."""
+        key = (rail, peer)
+        win = self.path_window.get(key)
+        t = self.tests.get(key)
+        if win is None or t is None or self.last_ok.get(key) is not True or self.streak.get(key, 0):
+            self(ProbeResult(rail, peer, True, t_ns, rtt_ns, seq))
+            return
+        self.last_ok_ns[key] = t_ns
+        self.absorbed += 1
+        # _account's cheap branch
+        e = (t_ns, True)
+        win.append(e)
+        q = self.rail_q.get(rail)
+        if q is None:  # cannot be: the path's window got its entries through it
+            q = self.rail_q[rail] = deque()
+        q.append((e, key))
+        n = self.rail_n.get(rail, 0) + 1
+        horizon = t_ns - self.probe.loss_window_ms * 1_000_000
+        if q[0][0][0] < horizon:
+            n = self._expire(rail, q, horizon, n)
+        self.rail_n[rail] = n
+        self._report(rail, self.rail_lost.get(rail, 0) / n if n else 0.0, n, t_ns)
+        # _test for an answer
+        probes = t.probes + 1
+        if t.update(True):
+            self._post_verdict(key, ProbeResult(rail, peer, True, t_ns, rtt_ns, seq), t, probes)
+
     def _test(self, key: tuple[int, str], ev: ProbeResult) -> None:
         t = self.tests.get(key)
         if t is None:

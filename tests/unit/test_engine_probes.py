@@ -472,3 +472,42 @@ def test_a_degraded_rail_is_avoided_against_the_pool_of_rails_its_traffic_would_
         e.handle(ProbeLoss(r, loss, 460, t), t)
     assert e.degraded == {r for r, loss in windows.items() if loss > 0.1}
     assert e.avoided_degraded() == frozenset(avoided)
+
+
+def test_the_filters_answered_entry_does_exactly_what_posting_the_answer_does():
+    """ProbeFilter.answered (the prober's entry for every reply and passive proof) skips making
+    the event when the filter absorbs it.  Fed the same random results, answers through it and
+    through __call__ must post the same events and leave the same state: windows, rail totals,
+    streaks, loss tests."""
+    import random
+
+    from linkpass.core.probe_filter import ProbeFilter
+
+    cfg = make_cfg(rails=(0, 1), n_peers=4, hold_down_ms=100)
+    a_out, b_out = [], []
+    a = ProbeFilter(probe_policy(cfg.probe), a_out.append)
+    b = ProbeFilter(probe_policy(cfg.probe), b_out.append)
+    rng = random.Random(23)
+    t = 0
+    loss = {"h1": 0.02, "h2": 0.35, "h3": 0.0, "h4": 0.6}
+    for i in range(8000):
+        t += rng.choice((1, 3, 10, 10, 10, 40)) * MS
+        rail, peer = rng.choice((0, 1)), rng.choice(sorted(loss))
+        dead = peer == "h3" and 2000 <= i < 2600
+        healed = peer == "h2" and i >= 4000  # its loss stops: the test clears it on answers
+        ok = not dead and rng.random() >= (0.0 if healed else loss[peer])
+        if ok:
+            a(ProbeResult(rail, peer, True, t, rtt_ns=7, seq=i))
+            b.answered(rail, peer, t, 7, i)
+        else:
+            ev = ProbeResult(rail, peer, False, t, seq=i, peer_elsewhere=rng.choice((True, False, None)))
+            a(ev)
+            b(ev)
+    verdicts = [e.lossy for e in a_out if type(e).__name__ == "PathLossy"]
+    assert a_out == b_out and True in verdicts and False in verdicts, verdicts
+    for name in ("last_ok", "last_ok_ns", "path_lost", "rail_n", "rail_lost", "streak", "lossy", "revived_ns",
+                 "last_report", "last_side"):
+        assert getattr(a, name) == getattr(b, name), name
+    assert {k: list(v) for k, v in a.path_window.items()} == {k: list(v) for k, v in b.path_window.items()}
+    assert {k: (t.s, t.lossy, t.probes) for k, t in a.tests.items()} == {k: (t.s, t.lossy, t.probes) for k, t in b.tests.items()}
+    assert (a.absorbed, a.forwarded) == (b.absorbed, b.forwarded)
