@@ -137,19 +137,7 @@ class ProbeFilter:
             return
         self.last_ok_ns[key] = t_ns
         self.absorbed += 1
-        # _account's cheap branch
-        e = (t_ns, True)
-        win.append(e)
-        q = self.rail_q.get(rail)
-        if q is None:  # cannot be: the path's window got its entries through it
-            q = self.rail_q[rail] = deque()
-        q.append((e, key))
-        n = self.rail_n.get(rail, 0) + 1
-        horizon = t_ns - self.probe.loss_window_ms * 1_000_000
-        if q[0][0][0] < horizon:
-            n = self._expire(rail, q, horizon, n)
-        self.rail_n[rail] = n
-        self._report(rail, self.rail_lost.get(rail, 0) / n if n else 0.0, n, t_ns)
+        self._window_answer(key, rail, t_ns, win)
         # _test for an answer
         probes = t.probes + 1
         if t.update(True):
@@ -198,19 +186,7 @@ class ProbeFilter:
         t = ev.t_ns
         win = self.path_window.get(key)
         if ev.ok and win is not None and not self.streak.get(key, 0):
-            # the common case, kept cheap (thousands a second): an answer on a live path
-            e = (t, True)
-            win.append(e)
-            q = self.rail_q.get(rail)
-            if q is None:
-                q = self.rail_q[rail] = deque()
-            q.append((e, key))
-            n = self.rail_n.get(rail, 0) + 1
-            horizon = t - self.probe.loss_window_ms * 1_000_000
-            if q[0][0][0] < horizon:
-                n = self._expire(rail, q, horizon, n)
-            self.rail_n[rail] = n
-            self._report(rail, self.rail_lost.get(rail, 0) / n if n else 0.0, n, t)
+            self._window_answer(key, rail, t, win)
             return True
         if not ev.ok and t < self.revived_ns.get(key, -1) + self.probe.interval_ms * 1_000_000:
             return False  # a probe sent while the path was still dead, lost after it came back: not loss
@@ -239,6 +215,22 @@ class ProbeFilter:
         self.rail_n[rail] = n
         self._report(rail, self.rail_lost.get(rail, 0) / n if n else 0.0, n, t)
         return True
+
+    def _window_answer(self, key: tuple[int, str], rail: int, t: int, win: deque) -> None:
+        """The common case of :meth:`_account`, kept cheap (thousands a second): an answer at
+        ``t`` (ns) on a live path whose window ``win`` exists."""
+        e = (t, True)
+        win.append(e)
+        q = self.rail_q.get(rail)
+        if q is None:
+            q = self.rail_q[rail] = deque()
+        q.append((e, key))
+        n = self.rail_n.get(rail, 0) + 1
+        horizon = t - self.probe.loss_window_ms * 1_000_000
+        if q[0][0][0] < horizon:
+            n = self._expire(rail, q, horizon, n)
+        self.rail_n[rail] = n
+        self._report(rail, self.rail_lost.get(rail, 0) / n if n else 0.0, n, t)
 
     def _expire(self, rail: int, q: deque, horizon: int, n: int) -> int:
         """Drop the rail's window entries from before ``horizon`` (ns), from their path's window

@@ -13,8 +13,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from unit_helpers import run_cli
 
-from linkpass.cli import main
 from linkpass.cli.argtypes import float_range, gpu_index, int_list, int_range
 from torch_hooks import client as client_mod
 from torch_hooks import protocol as proto
@@ -23,12 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def run(capsys, *argv: str) -> tuple[int, str, str]:
-    try:
-        rc = main(list(argv))
-    except SystemExit as e:  # argparse errors
-        rc = e.code
-    out, err = capsys.readouterr()
-    return rc, out, err
+    return run_cli(capsys, *argv)
 
 
 def one_line_exit_2(rc: int, out: str, err: str, *needles: str) -> None:

@@ -16,10 +16,10 @@ import typing
 from pathlib import Path
 
 import pytest
+from unit_helpers import run_cli
 from pydantic import BaseModel, ConfigDict, Field
 
 from linkpass import config as config_mod
-from linkpass.cli import main as cli_main
 from linkpass.config import Config, parse_config
 from linkpass.cli.config import EXAMPLE_PATH, render_config, render_defaults, render_example
 
@@ -50,12 +50,7 @@ interval_ms = 20
 
 
 def run(capsys, *argv: str) -> tuple[int, str, str]:
-    try:
-        rc = cli_main(list(argv))
-    except SystemExit as e:  # argparse errors
-        rc = e.code
-    out, err = capsys.readouterr()
-    return rc, out, err
+    return run_cli(capsys, *argv)
 
 
 def write(tmp_path: Path, content: str | bytes, name: str = "linkpass.toml") -> Path:

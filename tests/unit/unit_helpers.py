@@ -122,3 +122,15 @@ def history_of(actions) -> list:
     from linkpass.core.model import PublishHistory
 
     return [e for a in actions if isinstance(a, PublishHistory) for e in a.entries]
+
+
+def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
+    """``linkpass ARGV`` in-process: (exit code, stdout, stderr); argparse's SystemExit is its code."""
+    from linkpass.cli import main
+
+    try:
+        rc = main(list(argv))
+    except SystemExit as e:  # argparse errors
+        rc = e.code
+    out, err = capsys.readouterr()
+    return rc, out, err
