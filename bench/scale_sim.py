@@ -30,8 +30,9 @@ Sampling (16,384 full engines do not fit one core's five minutes): X, X's two ri
 peer's detection time depends only on where X falls in its slow sweep, and the sweep order is the
 ring order by SHA-256 of the names, so a uniform draw of peers is a uniform draw of that position;
 ``sweep_s`` x 2..3 bounds it for every host (printed next to the sample).  Above
-``--full-engine-max`` hosts X's engine is not fed every result (each result makes it scan all
-``8 x (H-1)`` paths: the cost measured below); its ``PathHealth`` objects are updated the way
+``--full-engine-max`` hosts (default 65,536: X's real engine runs at every size simulated in
+deploy/SCALING.md; before the engine kept per-rail counts a result cost a scan of the rail's
+paths and this was 2,048) X's engine is not fed every result; its ``PathHealth`` objects are updated the way
 ``Engine._on_probe`` updates them and the real ``Engine._probe_verdict`` is asked once per
 simulated second; when it fails the rail, the sim sends X's notice itself (the real engine sends an
 urgent ``SendNotice`` when its usable rails change).  ``verdict_mode`` in the JSON says which.
@@ -57,6 +58,7 @@ import heapq
 import ipaddress
 import json
 import logging
+import os
 import random
 import socket
 import subprocess
@@ -67,7 +69,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
-from linkpass.adapters.notices import NoticeService
+from linkpass.adapters.notices import NoticeService, refresh_period_s
 from linkpass.adapters.prober import ring_order
 from linkpass.config.policy import damping_policy, probe_policy
 from linkpass.config.schema import DaemonSection, DampingSection, ProbeSection
@@ -340,13 +342,14 @@ class Sim:
     """One run: H hosts, the tracked ones simulated (see the module docstring)."""
 
     def __init__(self, hosts: int, *, rails: int = 8, sample: int = 32, seed: int = 1, fault: str = "blackhole",
-                 rtt_us: float = 30.0, window_s: float | None = None, full_engine_max: int = 2048,
+                 rtt_us: float = 30.0, window_s: float | None = None, full_engine_max: int = 65536,
                  send_cost_ns: int = 4_000, fault_host: int | None = None, fault_rail: int = 0,
                  stop_when_left: bool = True):
         if hosts < 3:
             raise ValueError(f"--hosts {hosts}: at least 3 hosts")
         if rails < 2 or rails * hosts > ADDR_SPACE:
-            raise ValueError(f"{rails} rails x {hosts} hosts do not fit 198.18.0.0/15 (at most {ADDR_SPACE} addresses)")
+            raise ValueError(f"--rails {rails} x --hosts {hosts}: {rails} rails x {hosts} hosts do not fit 198.18.0.0/15 "
+                             f"(at most {ADDR_SPACE} addresses; --rails at least 2)")
         self.hosts, self.rails, self.seed = hosts, rails, seed
         self.rng = random.Random(seed)
         kind, loss = parse_fault(fault)
@@ -590,7 +593,8 @@ def measure_notices(hosts: int, rails: int = 8) -> dict:
              for i, n in enumerate(names) if i != 0]
     cfg = SimpleNamespace(peers=peers, rails=[SimpleNamespace(id=r, netdev=f"rail{r}") for r in range(rails)],
                           daemon=SimpleNamespace(host=names[0], notice_port=7471,
-                                                 notice_refresh_ms=DaemonSection.model_fields["notice_refresh_ms"].default))
+                                                 notice_refresh_ms=DaemonSection.model_fields["notice_refresh_ms"].default,
+                                                 notice_refresh_max_pps=DaemonSection.model_fields["notice_refresh_max_pps"].default))
     ns = NoticeService(cfg, KEY, lambda ev: None)
     ns._send_socks = {r: CountingSock() for r in range(rails)}
     state = SendNotice(1, frozenset(range(rails)), urgent=False)
@@ -616,8 +620,8 @@ def measure_notices(hosts: int, rails: int = 8) -> dict:
     for d, a in datagrams:
         rx.on_datagram(d, a)
     rx_us = (time.process_time() - t) / len(datagrams) * 1e6
-    refresh_s = cfg.daemon.notice_refresh_ms / 1000
-    return {"hosts": hosts, "datagrams_per_refresh": per_refresh, "bytes_per_datagram": sent["bytes"] // max(1, sent["n"]),
+    refresh_s = refresh_period_s(cfg)
+    return {"hosts": hosts, "datagrams_per_refresh": per_refresh, "refresh_period_s": round(refresh_s, 3), "bytes_per_datagram": sent["bytes"] // max(1, sent["n"]),
             "refresh_tx_per_s": round(per_refresh / refresh_s), "refresh_rx_per_s": round(per_refresh / refresh_s),
             "send_loop_us_per_datagram": round(loop_us, 3), "on_datagram_us": round(rx_us, 3),
             "urgent_burst_datagrams": 3 * (rails - 1) * (hosts - 1),
@@ -689,15 +693,36 @@ def main(argv: list[str] | None = None, args=None) -> int:
 def _main(argv: list[str] | None = None, args=None) -> int:
     if args is None:
         from linkpass.lab.benchcmd import add_scale_options
-        ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+        ap = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
         add_scale_options(ap)
-        args = ap.parse_args(argv)
+        try:
+            args = ap.parse_args(argv)
+        except SystemExit as e:  # a bad value: argparse said which, with the usage
+            return e.code if isinstance(e.code, int) else 2
+    prog = getattr(args, "prog", None) or PROG
+    # every argument is checked before anything is measured
     try:
         sizes = [int(x) for x in str(args.hosts).split(",") if x.strip()]
+        if not sizes:
+            raise ValueError(f"--hosts {args.hosts!r}: comma-separated integers")
         parse_fault(args.fault)
+        for h in sizes:
+            Sim(h, rails=args.rails, sample=0, fault=args.fault)  # bad sizes fail before any work
     except ValueError as e:
-        print(f"{PROG}: {e if 'fault' in str(e) else f'--hosts {args.hosts!r}: comma-separated integers'}", file=sys.stderr)
+        print(f"{prog}: {e if str(e).startswith('--') else f'--hosts {args.hosts!r}: comma-separated integers'}",
+              file=sys.stderr)
         return 2
+    if args.json:
+        parent = Path(args.json).parent
+        try:
+            parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            print(f"{prog}: --json {args.json}: cannot make {str(parent)!r} ({e.strerror or e})", file=sys.stderr)
+            return 2
+        if Path(args.json).is_dir() or not os.access(parent, os.W_OK):
+            print(f"{prog}: --json {args.json}: {'a directory' if Path(args.json).is_dir() else 'not writable'}",
+                  file=sys.stderr)
+            return 2
     logging.getLogger("linkpass").setLevel(logging.ERROR)  # the engines' per-event log lines, thousands of them
     costs = measure_costs()
     out = {"date": time.strftime("%Y-%m-%d", time.gmtime()), "commit": _commit(),
@@ -705,12 +730,6 @@ def _main(argv: list[str] | None = None, args=None) -> int:
            "costs_us": costs, "sizes": []}
     print(f"costs (us): " + ", ".join(f"{k} {v}" for k, v in costs.items()))
     for h in sizes:
-        try:
-            probe_args = Sim(h, rails=args.rails, sample=0, fault=args.fault)  # bad sizes fail before any work
-        except ValueError as e:
-            print(f"{PROG}: {e}", file=sys.stderr)
-            return 2
-        del probe_args
         notices = measure_notices(h, args.rails)
         # one notice datagram leaves after the send loop's own work and one sendto
         send_ns = int(1000 * (notices["send_loop_us_per_datagram"] + costs["udp_send_recv_us"] / 2))

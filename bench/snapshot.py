@@ -771,20 +771,21 @@ def main(argv: list[str] | None = None, args=None) -> int:
         args.command_line = " ".join([PROG, *(sys.argv[1:] if argv is None else argv)])
     elif not getattr(args, "command_line", None):
         args.command_line = " ".join(["linkpass", *sys.argv[1:]])
+    prog = getattr(args, "prog", None) or PROG  # `linkpass bench snapshot` when run as that
     parts = [p.strip() for p in args.parts.split(",") if p.strip()]
     bad = [p for p in parts if p not in PARTS]
     if bad or not parts:
-        print(f"{PROG}: --parts {args.parts!r}: each part is one of {', '.join(PARTS)}", file=sys.stderr)
+        print(f"{prog}: --parts {args.parts!r}: each part is one of {', '.join(PARTS)}", file=sys.stderr)
         return 2
     args.parts = parts
     try:
         args.widths = [int(w) for w in str(args.widths).split(",") if w.strip()]
     except ValueError:
-        print(f"{PROG}: --widths {args.widths!r}: comma-separated positive integers", file=sys.stderr)
+        print(f"{prog}: --widths {args.widths!r}: comma-separated positive integers", file=sys.stderr)
         return 2
     for attr in ("every", "epochs", "samples", "batch_size", "size_steps", "size_every", "timeout_s", "restart_timeout_s"):
         if getattr(args, attr) <= 0:
-            print(f"{PROG}: --{attr.replace('_', '-')} must be positive, got {getattr(args, attr)}", file=sys.stderr)
+            print(f"{prog}: --{attr.replace('_', '-')} must be positive, got {getattr(args, attr)}", file=sys.stderr)
             return 2
     raw = str(args.memory_every)
     try:
@@ -792,35 +793,35 @@ def main(argv: list[str] | None = None, args=None) -> int:
     except ValueError:
         args.memory_every = []
     if not args.memory_every or min(args.memory_every) <= 0:
-        print(f"{PROG}: --memory-every {raw!r}: comma-separated positive integers (steps)", file=sys.stderr)
+        print(f"{prog}: --memory-every {raw!r}: comma-separated positive integers (steps)", file=sys.stderr)
         return 2
     if not args.widths or min(args.widths) <= 0:
-        print(f"{PROG}: --widths {args.widths!r}: comma-separated positive integers", file=sys.stderr)
+        print(f"{prog}: --widths {args.widths!r}: comma-separated positive integers", file=sys.stderr)
         return 2
     if args.warmup < 0 or args.restart_retries < 0:
-        print(f"{PROG}: --warmup and --restart-retries must not be negative", file=sys.stderr)
+        print(f"{prog}: --warmup and --restart-retries must not be negative", file=sys.stderr)
         return 2
     if not 0 < args.fault_frac < 1:
-        print(f"{PROG}: --fault-frac must be between 0 and 1, got {args.fault_frac}", file=sys.stderr)
+        print(f"{prog}: --fault-frac must be between 0 and 1, got {args.fault_frac}", file=sys.stderr)
         return 2
     if "c" in args.parts and args.epochs * (args.samples // 2 // args.batch_size) < 2 * args.every:
-        print(f"{PROG}: (c) needs at least 2 x --every steps before the end ({args.epochs} epochs of "
+        print(f"{prog}: (c) needs at least 2 x --every steps before the end ({args.epochs} epochs of "
               f"{args.samples // 2 // args.batch_size} steps, --every {args.every})", file=sys.stderr)
         return 2
     if args.json and not Path(args.json).parent.is_dir():
-        print(f"{PROG}: --json {args.json}: no such directory {str(Path(args.json).parent)!r}", file=sys.stderr)
+        print(f"{prog}: --json {args.json}: no such directory {str(Path(args.json).parent)!r}", file=sys.stderr)
         return 2
     if not EXAMPLE.is_file():
-        print(f"{PROG}: {EXAMPLE} not found (run from the source tree)", file=sys.stderr)
+        print(f"{prog}: {EXAMPLE} not found (run from the source tree)", file=sys.stderr)
         return 2
     install_sigterm()
     try:
         r = run(args)
     except BenchError as e:
-        print(f"{PROG}: {e}", file=sys.stderr)
+        print(f"{prog}: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        print(f"{PROG}: interrupted; processes stopped", file=sys.stderr)
+        print(f"{prog}: interrupted; processes stopped", file=sys.stderr)
         return 130
     finally:
         _stop_all()

@@ -147,6 +147,28 @@ def matrix(topo: Topology) -> str:
     return "\n".join(lines)
 
 
+def _capture_args_problem(out: str, sysfs_root: str | None) -> str | None:
+    """Why ``capture --out OUT [--sysfs-root DIR]`` cannot write its tree, one line naming the
+    option, the path and the OS's reason; None when it can: OUT is (or is made as) an empty
+    directory in which a file can be created (one is created and removed)."""
+    import os
+    import tempfile
+
+    if sysfs_root is not None and not os.path.isdir(sysfs_root):
+        return f"--sysfs-root {sysfs_root}: {'not a directory' if os.path.exists(sysfs_root) else 'no such directory'}"
+    try:
+        os.makedirs(out, exist_ok=True)
+        if os.listdir(out):
+            return f"--out {out}: directory not empty (capture writes only into an empty one)"
+        with tempfile.NamedTemporaryFile(dir=out, prefix=".linkpass-write-test-"):
+            pass
+    except FileExistsError:
+        return f"--out {out}: exists and is not a directory"
+    except OSError as e:
+        return f"--out {out}: cannot write there ({e.strerror or e})"
+    return None
+
+
 def cmd_topology(args) -> int:
     if args.action == "capture":
         if not args.out:
@@ -154,6 +176,10 @@ def cmd_topology(args) -> int:
             return 2
         from topology.capture import capture
 
+        why = _capture_args_problem(args.out, args.sysfs_root)
+        if why:  # the user's paths: bad input, said before anything is read
+            print(f"linkpass topology capture: {why}", file=sys.stderr)
+            return 2
         try:
             files = capture(args.out, args.sysfs_root or "/")
             from pathlib import Path

@@ -40,6 +40,8 @@ log = logging.getLogger("linkpass.torch_hooks.client")
 
 DEFAULT_SOCKET = "/run/linkpass/linkpass.hooks.sock"
 SOCKET_ENV = "LINKPASS_HOOKS_SOCKET"
+#: Set by ``linkpass exec`` when it has said that no daemon answers (linkpass/cli/nccl.py).
+NO_DAEMON_SAID_ENV = "LINKPASS_NO_DAEMON_SAID"
 _SEND_TIMEOUT_S = 0.5
 _LOUD = 5
 
@@ -184,6 +186,22 @@ class DaemonClient:
                 break
             delay = min(self.reconnect_s[1], delay * 2)
 
+    def _say_absent(self, msg: str) -> None:
+        """The first failed connect, said once per host (local rank 0), and not at all when
+        ``linkpass exec`` has already said that no daemon answers (``LINKPASS_NO_DAEMON_SAID=1``)
+        or for other local ranks (debug log only).  Without logging set up by the script it is
+        one line like the hook's others (``linkpass: rank R: ...``), else a warning record."""
+        said = os.environ.get(NO_DAEMON_SAID_ENV) == "1"
+        if said or self.registration.local_rank not in (0, None):
+            log.debug("%s", msg)
+        elif log.hasHandlers():  # the script set logging up (root or ours)
+            log.warning("%s", msg)
+        else:  # logging's last-resort handler would print it bare
+            import sys
+
+            sys.stderr.write(f"linkpass: rank {self.registration.rank}: {msg}\n")
+            sys.stderr.flush()
+
     def _session(self) -> None:
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         s.settimeout(_SEND_TIMEOUT_S)
@@ -193,8 +211,8 @@ class DaemonClient:
             s.close()
             self.counters["connect_failures"] += 1
             if not self._absent_logged:
-                log.warning("no linkpass daemon at %s (%s); training goes on, retrying in the background",
-                            self.socket_path, e.strerror or e)
+                self._say_absent(f"no linkpass daemon at {self.socket_path} ({e.strerror or e}); training goes on, "
+                                 "retrying in the background")
                 self._absent_logged = True
             return
         self._absent_logged = False

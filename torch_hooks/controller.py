@@ -222,10 +222,12 @@ class Controller:
             self.client.start()
         if self.s.local_rank in (0, None):  # one line per host says the job is protected
             rails = ", ".join(f"{r}={d}" for r, d in self.s.rails.items()) or "unknown"
-            print(f"linkpass: rank {self.s.rank}: process groups protected ({g.getBackendName() if g is not None else '?'}"
-                  f"{', latched' if g is not None and g.latched else ''}; rails {rails}; "
-                  f"{'no daemon' if self.client is None else 'daemon ' + self.client.socket_path}; "
-                  f"{len(self.spares)} spare(s) per worker)", file=sys.stderr, flush=True)
+            # one write, newline included: the client thread's lines cannot land inside it
+            sys.stderr.write(f"linkpass: rank {self.s.rank}: process groups protected ({g.getBackendName() if g is not None else '?'}"
+                             f"{', latched' if g is not None and g.latched else ''}; rails {rails}; "
+                             f"{'no daemon' if self.client is None else 'daemon ' + self.client.socket_path}; "
+                             f"{len(self.spares)} spare(s) per worker)\n")
+            sys.stderr.flush()
         self._thread = threading.Thread(target=self._run, name="linkpass-controller", daemon=True)
         self._thread.start()
 

@@ -4,7 +4,8 @@ Sending: one UDP socket per rail, bound to the rail's netdev (SO_BINDTODEVICE, n
 CAP_NET_RAW), so a notice really leaves over that rail.  A notice goes to each peer's address
 on every rail usable here (a failed rail cannot carry it).  Urgent notices are sent at once
 and repeated at +10 ms and +50 ms (a single datagram may be lost); the current state is
-also refreshed every ``notice_refresh_ms``, over one usable rail at a time in turn.
+also refreshed every ``notice_refresh_ms`` (longer on large clusters: at most
+``notice_refresh_max_pps`` datagrams a second), over one usable rail at a time in turn.
 
 Receiving: one socket on ``0.0.0.0:notice_port``.  Each datagram is verified
 (:func:`linkpass.core.notice.decode`, HMAC-SHA256) and checked against replay; rejected
@@ -34,6 +35,16 @@ SO_RCVBUFFORCE = getattr(socket, "SO_RCVBUFFORCE", 33)
 SO_MEMINFO = 55  # Linux: u32[SK_MEMINFO_VARS] (include/uapi/asm-generic/socket.h)
 SK_MEMINFO_DROPS = 8
 _MEMINFO = struct.Struct("@9I")
+
+
+def refresh_period_s(cfg: Config) -> float:
+    """Seconds between two refreshes: ``notice_refresh_ms``, or longer when sending one datagram
+    to every peer in that time would exceed ``notice_refresh_max_pps``.  Every host refreshes
+    every peer, so the cap also bounds what each host receives and verifies (about 7 us of CPU
+    a datagram, deploy/SCALING.md: 16,383 a second, 12.8 % of a core, at 16,384 hosts
+    uncapped)."""
+    d = cfg.daemon
+    return max(d.notice_refresh_ms / 1000, len(cfg.peers) / d.notice_refresh_max_pps)
 
 
 class _Receiver(asyncio.DatagramProtocol):
@@ -235,10 +246,11 @@ class NoticeService:
         peer each period, so at 8 rails this is 8 times fewer datagrams to send and to verify
         (131,064 a second each way at 16,384 hosts otherwise).  A peer that can hear us on one
         rail only learns the state within ``usable rails`` periods.  Urgent notices still go
-        over every usable rail.  A refresh while a send is still going out is left out."""
+        over every usable rail.  A refresh while a send is still going out is left out.  The
+        period is :func:`refresh_period_s` (longer than ``notice_refresh_ms`` on large clusters)."""
         turn = 0
         while True:
-            await asyncio.sleep(self.cfg.daemon.notice_refresh_ms / 1000)
+            await asyncio.sleep(refresh_period_s(self.cfg))
             st = self._state
             if st is None or not st.usable or self.sending():
                 continue

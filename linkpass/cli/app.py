@@ -323,6 +323,27 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _chosen_parser(p: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
+    """The parser of the sub-command ``args`` came from (``linkpass bench snapshot``'s), walking
+    down from ``p`` through the chosen sub-command of each level."""
+    while True:
+        subs = [a for a in p._actions if isinstance(a, argparse._SubParsersAction)]
+        name = getattr(args, subs[0].dest, None) if subs and subs[0].dest != argparse.SUPPRESS else None
+        if name is None or name not in subs[0].choices:
+            return p
+        p = subs[0].choices[name]
+
+
+def parse_args(p: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """``p.parse_args(argv)``, except that arguments no parser knows are the sub-command's error
+    (its own message and usage, exit 2), not the top level's usage: argparse leaves them for
+    the top-level parser, which knows nothing of the sub-command's options."""
+    args, extra = p.parse_known_args(argv)
+    if extra:
+        _chosen_parser(p, args).error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
+
+
 def _stdout_reader_gone() -> bool:
     """True when stdout is a pipe or socket whose reading end is closed (poll reports POLLERR)."""
     try:
@@ -350,7 +371,7 @@ def main(argv: list[str] | None = None) -> int:
     BrokenPipeError traceback.  SIGPIPE itself stays ignored (Python's default), so the
     daemon's sockets still get EPIPE rather than a signal that would kill it."""
     try:
-        args = build_parser().parse_args(argv)
+        args = parse_args(build_parser(), argv)
         rc = args.func(args)
         sys.stdout.flush()  # output still buffered meets a closed pipe here, not at exit
         return rc

@@ -8,7 +8,9 @@
 prints ``FILE: OK (...)`` on stdout, exit 0; or one line per problem on stderr,
 ``FILE: <key path>: <what is wrong>``, exit 2 (missing, unreadable, directory, FIFO or device,
 over 1 MiB, non-UTF-8 file, TOML syntax errors with line and column, unknown keys, inline
-secrets, bad values).  Then it reads the files the config names with the daemon's own functions
+secrets, bad values).  One run reports all it can: with the field errors come the cross-field
+checks that need no invalid part and the file checks of the valid sections
+(:attr:`ConfigError.sections`; discovery only for a valid config).  It reads the files the config names with the daemon's own functions
 (:func:`file_problems`): a notice key file or (with ``rails = "auto"``) a peers file that would
 stop the daemon at start is a problem line, exit 2, and so is ``rails = "auto"`` where discovery
 on this host finds no compute NIC with a netdev; no ``notice_key_file`` (peer notices and probes
@@ -46,6 +48,7 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined, to_jsonable_python
 
+from linkpass.cli.argtypes import one_line_errors
 from linkpass.config import Config, ConfigError, load_config, notice_key
 
 PROG = "linkpass config"
@@ -274,7 +277,7 @@ def _summary(cfg: Config) -> str:
 _MQTT_OPTION = re.compile(r"^(mqtt\.\w+) (.*)$")
 
 
-def file_problems(cfg: Config, source: str) -> tuple[list[str], list[str]]:
+def file_problems(cfg: Config, source: str, complete: bool = True) -> tuple[list[str], list[str]]:
     """Read the files ``cfg`` names as the daemon does, with the daemon's own functions.
 
     Problems stop the daemon at start (exit 2): the notice key file
@@ -290,8 +293,11 @@ def file_problems(cfg: Config, source: str) -> tuple[list[str], list[str]]:
     alerts).
 
     Args:
-        cfg: the validated config.
+        cfg: the validated config, or (``complete=False``) the sections of an invalid one that
+            are valid on their own (:attr:`ConfigError.sections`; None for an invalid one): the
+            checks of the valid sections run, and discovery, which needs the whole config, does not.
         source: the config's path, which starts every line.
+        complete: False for such a partial config.
 
     Returns:
         ``(problems, warnings)``: lines ``<source>: <key path>: <what is wrong>`` and
@@ -303,38 +309,40 @@ def file_problems(cfg: Config, source: str) -> tuple[list[str], list[str]]:
     problems: list[str] = []
     warnings: list[str] = []
     try:
-        if notice_key(cfg, source) is None:  # the daemon runs, but blind to gray failures: say so
-            off = "peer notices and probes are off" if cfg.probe.enabled else "peer notices are off"
+        if cfg.daemon is not None and notice_key(cfg, source) is None:  # the daemon runs, but blind to gray failures
+            off = "peer notices and probes are off" if cfg.probe is None or cfg.probe.enabled else "peer notices are off"
             warnings.append(f"{source}: warning: daemon.notice_key_file: not set, so {off} "
                             "(the key authenticates both; see `linkpass config show --defaults`)")
     except ConfigError as e:
         problems.append(str(e))
-    if cfg.auto:
+    if cfg.topology is not None and cfg.auto:
         try:
             text = read_peers_file(cfg, source)
         except ConfigError as e:
             problems.append(str(e))
         else:
+            skipped = []
             if text is not None:
                 _, skipped = parse_peers_file(text, cfg.topology.peers_file)
                 warnings += [f"{source}: warning: topology.peers_file: {w}" for w in skipped]
-            try:  # discovery as `linkpass run` does it: no compute NIC stops the daemon at start
-                live = resolve_live(cfg, source)
-            except ConfigError as e:
-                problems.append(str(e))
-            else:
-                skipped_lines = set(skipped) if text is not None else set()
-                warnings += [f"{source}: warning: topology: {w}" for w in live.warnings if w not in skipped_lines]
-    elif cfg.topology.peers_file:
+            if complete:  # discovery reads the whole config: only once it is valid
+                try:  # discovery as `linkpass run` does it: no compute NIC stops the daemon at start
+                    live = resolve_live(cfg, source)
+                except ConfigError as e:
+                    problems.append(str(e))
+                else:
+                    skipped_lines = set(skipped)
+                    warnings += [f"{source}: warning: topology: {w}" for w in live.warnings if w not in skipped_lines]
+    elif cfg.topology is not None and cfg.topology.peers_file:
         warnings.append(f"{source}: warning: topology.peers_file: not read: peers come from [[peers]] unless "
                         '[topology] rails = "auto"')
-    if cfg.risk.enabled:
+    if cfg.risk is not None and cfg.risk.enabled:
         from linkpass.adapters.risk_source import sysfs_root_problem
 
         why = sysfs_root_problem(cfg.risk.sysfs_root)
         if why is not None:  # the daemon runs, without counter trends: say so
             warnings.append(f"{source}: warning: risk.sysfs_root: {why}, so counter trends are off")
-    if cfg.mqtt.enabled:
+    if cfg.mqtt is not None and cfg.mqtt.enabled:
         from linkpass.adapters.mqtt_credentials import MqttSetupError, build_tls_context, read_password_file
 
         checks = [functools.partial(read_password_file, cfg.mqtt.password_file)] if cfg.mqtt.password_file else []
@@ -353,7 +361,13 @@ def cmd_check(args) -> int:
     try:
         cfg = load_config(args.file)
     except ConfigError as e:
-        for line in e.problems:
+        # every problem found in one run: the field errors, the cross-field checks and the files
+        # of the sections that are valid on their own (e.sections; None: the file is not TOML ...)
+        problems, warnings = list(e.problems), []
+        if e.sections is not None and not args.no_files:
+            more, warnings = file_problems(e.sections, str(Path(args.file)), complete=False)
+            problems += [p for p in more if p not in problems]
+        for line in problems + warnings:
             print(line, file=sys.stderr)
         return 2
     if args.no_files:
@@ -390,14 +404,6 @@ def cmd_show(args) -> int:
     return 0
 
 
-def _one_line_errors(p: argparse.ArgumentParser, prog: str) -> None:
-    def error(message: str):
-        print(f"{prog}: {message} (see `{prog} --help`)", file=sys.stderr)
-        sys.exit(2)
-
-    p.error = error  # type: ignore[method-assign]
-
-
 def register(subparsers) -> None:
     """Add ``config check`` and ``config show`` to the ``linkpass`` parser."""
     c = subparsers.add_parser("config", help="check a config file, show effective or default settings",
@@ -419,7 +425,7 @@ def register(subparsers) -> None:
     s.add_argument("--example", action="store_true", help="print the example config (deploy/linkpass.toml.example)")
     s.set_defaults(func=cmd_show)
     for p, prog in ((c, PROG), (k, f"{PROG} check"), (s, f"{PROG} show")):
-        _one_line_errors(p, prog)
+        one_line_errors(p, prog)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -36,6 +36,7 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
+from linkpass.cli.argtypes import MAX_GPU_INDEX, gpu_index, int_range, one_line_errors
 from linkpass.core.nccl_env import (
     FORMATS,
     NcclEnv,
@@ -50,6 +51,10 @@ from linkpass.core.nccl_env import (
 
 class _BadInput(Exception):
     """One line for stderr, exit 2."""
+
+
+#: ``--local-rank N`` (and ``LOCAL_RANK``): one process per GPU, so the range of a GPU index.
+_local_rank = int_range(0, MAX_GPU_INDEX, "a local rank")
 
 
 def _nonneg(text: str) -> int:
@@ -67,14 +72,6 @@ def _pos(text: str) -> int:
     if v < 1:
         raise argparse.ArgumentTypeError("must be 1 or more")
     return v
-
-
-def _one_line_errors(p: argparse.ArgumentParser, prog: str) -> None:
-    def error(message: str):
-        print(f"{prog}: {message} (see `{prog} --help`)", file=sys.stderr)
-        sys.exit(2)
-
-    p.error = error  # type: ignore[method-assign]
 
 
 def _check_sysfs_root(root: str) -> None:
@@ -168,13 +165,18 @@ def _options(args, cfg) -> NcclOptions:
     return NcclOptions(spine, resil, version)
 
 
-def build(args, prog: str, local_rank: int | None) -> NcclEnv:
-    """Compute the environment the arguments ask for.
+_NO_CONFIG = object()
+
+
+def build(args, prog: str, local_rank: int | None, cfg=_NO_CONFIG) -> NcclEnv:
+    """Compute the environment the arguments ask for (``cfg``: the config already loaded from
+    ``args.config``, else it is loaded here).
 
     Raises:
         _BadInput: a bad config, topology, version or GPU.
     """
-    cfg = _config(args)
+    if cfg is _NO_CONFIG:
+        cfg = _config(args)
     options = _options(args, cfg)
     topo = _topology(args, cfg)
     health, _ = _health(args, cfg, prog)
@@ -263,9 +265,25 @@ def _local_rank_from_env(args) -> int | None:
     if raw is None or raw == "":
         return None
     try:
-        return _nonneg(raw)
+        return _local_rank(raw)
     except argparse.ArgumentTypeError as e:
         raise _BadInput(f"LOCAL_RANK in the environment: {e}") from None
+
+
+def _command_problem(name: str, environ: Mapping[str, str]) -> str | None:
+    """Why ``name`` cannot be run (os.execvpe would fail), or None: looked up on ``PATH`` as
+    execvpe does, before anything is probed."""
+    import shutil
+
+    if os.sep in name:
+        if not os.path.exists(name):
+            return f"{name}: command not found"
+        if os.path.isdir(name) or not os.access(name, os.X_OK):
+            return f"{name}: permission denied (not executable?)"
+        return None
+    if shutil.which(name, path=environ.get("PATH", os.defpath)) is None:
+        return f"{name}: command not found"
+    return None
 
 
 def cmd_exec(args) -> int:
@@ -276,8 +294,18 @@ def cmd_exec(args) -> int:
     if not cmd:
         print(f"{prog}: no command given; usage: linkpass exec [--local-rank N] -- CMD ARGS...", file=sys.stderr)
         return 2
+    hook = os.environ.get("LINKPASS_HOOK", "1").strip() != "0"
     try:
-        env = build(args, prog, _local_rank_from_env(args))
+        # every argument first: nothing is probed (topology, NVML, the daemon) for a bad one
+        cfg = _config(args)
+        local_rank = _local_rank_from_env(args)
+        why = _command_problem(cmd[0], os.environ)
+        if why:
+            raise _BadInput(why)
+        if not hook and getattr(args, "resume", None):
+            raise _BadInput("--resume needs the hook, and LINKPASS_HOOK=0 turns it off")
+        snap = snapshot_env(args, cfg, os.environ) if hook else {}
+        env = build(args, prog, local_rank, cfg)
     except _BadInput as e:
         print(f"{prog}: {e}", file=sys.stderr)
         return 2
@@ -292,22 +320,19 @@ def cmd_exec(args) -> int:
         new[k] = v
     if env.generation is not None:
         new["LINKPASS_NCCL_GENERATION"] = str(env.generation)
-    if os.environ.get("LINKPASS_HOOK", "1").strip() != "0":
+    if hook:
         new.update(hook_env(env, os.environ, args.socket))
         if args.no_daemon:
             new["LINKPASS_NO_DAEMON"] = "1"  # the hook does not look for a daemon either
+        elif env.health is None:  # said above ("health unknown: no usable answer ..."): the hook's client
+            from torch_hooks.client import NO_DAEMON_SAID_ENV  # does not say it again
+
+            new[NO_DAEMON_SAID_ENV] = "1"
         if args.spares:
             new["LINKPASS_SPARES"] = str(args.spares)
         if args.latched:
             new["LINKPASS_LATCHED"] = "1"
-        try:
-            new.update(snapshot_env(args, getattr(env, "config", None), os.environ))
-        except _BadInput as e:
-            print(f"{prog}: {e}", file=sys.stderr)
-            return 2
-    elif getattr(args, "resume", None):
-        print(f"{prog}: --resume needs the hook, and LINKPASS_HOOK=0 turns it off", file=sys.stderr)
-        return 2
+        new.update(snap)
     sys.stdout.flush()
     sys.stderr.flush()
     try:
@@ -443,16 +468,18 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("nccl-env", help="print the NCCL environment (healthy HCAs, interfaces, GID index, "
                               "cross-NIC, port failover) for a process on this host")
     g = p.add_mutually_exclusive_group()
-    g.add_argument("--local-rank", type=_nonneg, metavar="N", help="local rank (GPU through CUDA_VISIBLE_DEVICES)")
-    g.add_argument("--gpu", type=_nonneg, metavar="N", help="GPU index (nvidia-smi numbering)")
+    g.add_argument("--local-rank", type=_local_rank, metavar="N",
+                   help=f"local rank, 0..{MAX_GPU_INDEX} (GPU through CUDA_VISIBLE_DEVICES)")
+    g.add_argument("--gpu", type=gpu_index, metavar="N", help=f"GPU index (nvidia-smi numbering), 0..{MAX_GPU_INDEX}")
     p.add_argument("--format", choices=FORMATS, default="shell",
                    help="shell: export lines (default); env-file: KEY=VALUE lines; json: variables plus metadata")
     _common(p)
     p.set_defaults(func=cmd_nccl_env)
-    _one_line_errors(p, "linkpass nccl-env")
+    one_line_errors(p, "linkpass nccl-env")
 
     e = subparsers.add_parser("exec", help="run a command with the NCCL environment added (for torchrun and other launchers)")
-    e.add_argument("--local-rank", type=_nonneg, metavar="N", help="local rank (default: LOCAL_RANK from the environment)")
+    e.add_argument("--local-rank", type=_local_rank, metavar="N",
+                   help=f"local rank, 0..{MAX_GPU_INDEX} (default: LOCAL_RANK from the environment)")
     e.add_argument("--spares", type=_nonneg, default=0, metavar="N",
                    help="warm spare processes per worker: copies of the worker, torch imported, no NCCL yet, that take "
                    "over a rank whose GPU failed or whose rail its latched NCCL cannot leave")
@@ -474,7 +501,7 @@ def register(subparsers) -> None:
     _common(e)
     e.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ARGS", help="the command and its arguments")
     e.set_defaults(func=cmd_exec, gpu=None)
-    _one_line_errors(e, "linkpass exec")
+    one_line_errors(e, "linkpass exec")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -21,6 +21,8 @@ import os
 import sys
 import time
 
+from linkpass.cli.argtypes import one_line_errors
+
 PROG = "linkpass snapshot"
 
 
@@ -120,9 +122,4 @@ def register(subparsers) -> None:
                    "(TORCHELASTIC_RESTART_COUNT; default 0; from the registry otherwise)")
     p.add_argument("--json", action="store_true", help="with --wait: print the result as JSON")
     p.set_defaults(func=cmd_snapshot)
-
-    def error(message: str):
-        print(f"{PROG}: {message} (see `{PROG} --help`)", file=sys.stderr)
-        sys.exit(2)
-
-    p.error = error  # type: ignore[method-assign]
+    one_line_errors(p, PROG)

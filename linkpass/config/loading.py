@@ -6,12 +6,14 @@ from __future__ import annotations
 import os
 import stat
 import tomllib
+import typing
 from pathlib import Path
+from types import SimpleNamespace
 
 from pydantic import ValidationError
 
-from linkpass.config.problems import ConfigError, validation_problems
-from linkpass.config.schema import Config
+from linkpass.config.problems import ConfigError, problem_line, validation_problems
+from linkpass.config.schema import Config, cross_field_problems
 from linkpass.config.values import huge_number_text
 
 
@@ -50,10 +52,54 @@ def parse_config(text: str, source: str = "<config>") -> Config:
         return Config.model_validate(raw)
     except ValidationError as e:
         problems = validation_problems(e, source)
+        sections = valid_sections(raw)
+        if sections is not None:  # the cross-field checks that do not need an invalid section
+            for msg in cross_field_problems(sections.daemon, sections.rails, sections.peers, sections.topology,
+                                            sections.hooks):
+                line = f"{source}: {problem_line(msg)}"
+                if line not in problems:
+                    problems.append(line)
         more = f" (and {len(problems) - 1} more problem(s))" if len(problems) > 1 else ""
-        raise ConfigError(f"{problems[0]}{more}", problems) from None
+        err = ConfigError(f"{problems[0]}{more}", problems)
+        err.sections = sections
+        raise err from None
     except (RecursionError, MemoryError) as e:  # a deep value pydantic walks, or one too large to hold
         raise ConfigError(f"{source}: cannot validate: {'values nested too deeply' if isinstance(e, RecursionError) else 'out of memory'}") from None
+
+
+def valid_sections(raw: object) -> SimpleNamespace | None:
+    """The sections of a config that failed validation, each validated on its own: one attribute
+    per :class:`Config` field, the section's model, or None where it is invalid (or missing
+    without a default, like ``daemon``); ``rails`` and ``peers`` are lists with None for each
+    invalid entry (None when not a list); ``auto`` as :attr:`Config.auto` (False when
+    ``[topology]`` is invalid).  None when ``raw`` is not a table.  Lets ``linkpass config check``
+    report the cross-field and file problems that do not depend on the invalid parts together
+    with the field errors, in one run.  Never raises."""
+    if not isinstance(raw, dict):
+        return None
+    out = SimpleNamespace()
+    for name, field in Config.model_fields.items():
+        ann = field.annotation
+        entry = typing.get_args(ann)[0] if typing.get_origin(ann) is list else None
+        try:
+            if entry is not None:
+                value = raw.get(name, [])
+                setattr(out, name, [_valid(entry, x) for x in value] if isinstance(value, list) else None)
+            elif name in raw:
+                setattr(out, name, _valid(ann, raw[name]))
+            else:
+                setattr(out, name, None if field.is_required() else field.get_default(call_default_factory=True))
+        except Exception:  # noqa: BLE001 - a part that cannot be validated alone is left out
+            setattr(out, name, None)
+    out.auto = out.topology is not None and out.topology.rails == "auto"
+    return out
+
+
+def _valid(model, value):
+    try:
+        return model.model_validate(value)
+    except (ValidationError, RecursionError, MemoryError, ValueError, TypeError):
+        return None
 
 
 def load_config(path: str | Path) -> Config:

@@ -23,6 +23,9 @@ class ConfigError(Exception):
     def __init__(self, message: str, problems: list[str] | None = None) -> None:
         super().__init__(message)
         self.problems: list[str] = list(problems) if problems else [message]
+        #: for a config that failed validation: its sections that are valid on their own
+        #: (:func:`linkpass.config.loading.valid_sections`); None otherwise
+        self.sections = None
 
 
 def _loc(loc: tuple) -> str:
@@ -111,11 +114,18 @@ def _problem(err: dict) -> str:
     return f"{field or '(top level)'}: {msg}"
 
 
+def problem_line(msg: str) -> str:
+    """``<field>: <what is wrong>`` for a cross-field check's message, as :func:`_problem`
+    writes the same message raised by the model validator."""
+    return _problem({"loc": (), "msg": f"Value error, {msg}", "type": "value_error"})
+
+
 def validation_problems(e: ValidationError, source: str) -> list[str]:
     """Every problem of a failed validation, one ``<source>: <field>: <what is wrong>`` line each.
 
-    Cross-field checks (model validators) run only once every field is valid, so they show up
-    after the field errors are fixed.  Duplicate lines are dropped; the order is pydantic's.
+    pydantic runs the cross-field checks (model validators) only once every field is valid;
+    :func:`linkpass.config.loading.parse_config` adds those that do not need an invalid
+    section.  Duplicate lines are dropped; the order is pydantic's.
     """
     out: list[str] = []
     for err in e.errors():

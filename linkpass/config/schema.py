@@ -111,6 +111,7 @@ class DaemonSection(_Strict):
                                         description="File (mode 0600) holding "
                                         "the shared HMAC key for peer notices and probes (unset: both are off).")
     notice_refresh_ms: StrictInt = Field(1000, ge=50, le=600_000, description="Period of the full-state notice sent to every peer (over one usable rail at a time, in turn; urgent notices go over every usable rail).")
+    notice_refresh_max_pps: StrictInt = Field(2000, ge=1, le=1_000_000, description="Most refresh datagrams a second this host sends; every host sends one to each peer per period, so this is also about what each host receives and verifies. With more peers than this x notice_refresh_ms / 1000 the refresh period grows to peers / this (seconds): 8.2 s at 16,384 hosts. Urgent notices are not capped.")
     netlink_rcvbuf_bytes: StrictInt = Field(4 * 1024 * 1024, ge=4096, le=1 << 30, description="SO_RCVBUF of the netlink event socket; "
                                       "an overflow (ENOBUFS) loses events and forces a resync from a dump.")
     ignore_routes_with_linkdown: StrictBool = Field(True, description="Set net.ipv4.conf.<rail>.ignore_routes_with_linkdown=1 "
@@ -492,38 +493,63 @@ class Config(_Strict):
 
     @model_validator(mode="after")
     def _cross_checks(self) -> "Config":
-        if self.topology.rails == "config" and not self.rails:
-            raise ValueError('rails: at least one [[rails]] entry is required (or set [topology] rails = "auto")')
-        if self.topology.rails == "auto" and self.rails:
-            raise ValueError('rails: leave [[rails]] out when [topology] rails = "auto" (rails come from discovery)')
-        ids = [r.id for r in self.rails]
-        if len(set(ids)) != len(ids):
-            raise ValueError(f"rails: duplicate rail id in {_shown(ids)}")
-        devs = [r.netdev for r in self.rails]
-        if len(set(devs)) != len(devs):
-            raise ValueError(f"rails: netdev used by two rails in {_shown(devs)}")
-        names = [p.name for p in self.peers]
-        if len(set(names)) != len(names):
-            raise ValueError(f"peers: duplicate peer name in {_shown(names)}")
-        if self.daemon.host in names:
-            raise ValueError(f"peers: this host ({self.daemon.host}) is listed as its own peer")
-        own_ip = self.daemon.host_ip
-        for p in self.peers:
-            if own_ip is not None and p.host_ip is not None and p.host_ip == own_ip:
-                # a route to our own address via a rail would take this host's traffic off itself
-                raise ValueError(f"peers: peer {p.name} has this host's own host_ip {own_ip}")
-        for i, p in enumerate(self.peers):
-            if self.daemon.mode == "host-ip" and p.host_ip is None:
-                raise ValueError(f"peers[{i}].host_ip: required when mode = \"host-ip\"")
-            unknown = sorted(set(p.rail_ips) - set(ids))
-            if unknown and not self.auto:
-                raise ValueError(f"peers[{i}].rail_ips: rail id(s) {unknown} are not in [[rails]]")
-        if self.daemon.mode == "per-rail-ip":
-            for i, r in enumerate(self.rails):
-                if r.address is None:
-                    raise ValueError(f"rails[{i}].address: required when mode = \"per-rail-ip\"")
-        if self.hooks.enabled and self.hooks.socket and \
-                os.path.normpath(self.hooks.socket) == os.path.normpath(self.daemon.control_socket):
-            raise ValueError(f"hooks.socket: {self.hooks.socket} is also daemon.control_socket; the hooks socket needs a "
-                             "path of its own (leave hooks.socket out for the default beside the control socket)")
+        problems = cross_field_problems(self.daemon, self.rails, self.peers, self.topology, self.hooks)
+        if problems:  # the first; linkpass.config.loading lists them all
+            raise ValueError(problems[0])
         return self
+
+
+def cross_field_problems(daemon: DaemonSection | None, rails: list[RailSection | None] | None,
+                         peers: list[PeerSection | None] | None, topology: TopologySection | None,
+                         hooks: HooksSection | None) -> list[str]:
+    """Every problem of the checks that compare sections (:meth:`Config._cross_checks`), each
+    ``"<field>: <what is wrong>"``, in the order the validator meets them.
+
+    A section that is not valid on its own is None, and so is an invalid ``[[rails]]`` or
+    ``[[peers]]`` entry in its list (a list that is not one is None): a check that needs one of
+    them is skipped, so ``linkpass config check`` can report these problems together with the
+    field errors without guessing at invalid values (loading.py).  A check over the entries
+    (duplicates) uses the valid ones; a peer's ``rail_ips`` are compared with the rail ids only
+    when every ``[[rails]]`` entry is valid.
+    """
+    out: list[str] = []
+    valid_rails = [r for r in rails or [] if r is not None]
+    valid_peers = [(i, p) for i, p in enumerate(peers or []) if p is not None]
+    auto = topology is not None and topology.rails == "auto"
+    if topology is not None and rails is not None:
+        if topology.rails == "config" and not rails:
+            out.append('rails: at least one [[rails]] entry is required (or set [topology] rails = "auto")')
+        if topology.rails == "auto" and rails:
+            out.append('rails: leave [[rails]] out when [topology] rails = "auto" (rails come from discovery)')
+    ids = [r.id for r in valid_rails]
+    if len(set(ids)) != len(ids):
+        out.append(f"rails: duplicate rail id in {_shown(ids)}")
+    devs = [r.netdev for r in valid_rails]
+    if len(set(devs)) != len(devs):
+        out.append(f"rails: netdev used by two rails in {_shown(devs)}")
+    names = [p.name for _, p in valid_peers]
+    if len(set(names)) != len(names):
+        out.append(f"peers: duplicate peer name in {_shown(names)}")
+    if daemon is not None and daemon.host in names:
+        out.append(f"peers: this host ({daemon.host}) is listed as its own peer")
+    own_ip = daemon.host_ip if daemon is not None else None
+    for _, p in valid_peers:
+        if own_ip is not None and p.host_ip is not None and p.host_ip == own_ip:
+            # a route to our own address via a rail would take this host's traffic off itself
+            out.append(f"peers: peer {p.name} has this host's own host_ip {own_ip}")
+    rails_known = rails is not None and topology is not None and len(valid_rails) == len(rails)
+    for i, p in valid_peers:
+        if daemon is not None and daemon.mode == "host-ip" and p.host_ip is None:
+            out.append(f"peers[{i}].host_ip: required when mode = \"host-ip\"")
+        unknown = sorted(set(p.rail_ips) - set(ids))
+        if unknown and rails_known and not auto:
+            out.append(f"peers[{i}].rail_ips: rail id(s) {unknown} are not in [[rails]]")
+    if daemon is not None and daemon.mode == "per-rail-ip":
+        for i, r in enumerate(rails or []):
+            if r is not None and r.address is None:
+                out.append(f"rails[{i}].address: required when mode = \"per-rail-ip\"")
+    if daemon is not None and hooks is not None and hooks.enabled and hooks.socket and \
+            os.path.normpath(hooks.socket) == os.path.normpath(daemon.control_socket):
+        out.append(f"hooks.socket: {hooks.socket} is also daemon.control_socket; the hooks socket needs a "
+                   "path of its own (leave hooks.socket out for the default beside the control socket)")
+    return out

@@ -11,6 +11,7 @@ Generations: every change of the plan (our usable rails, or the routes wanted) b
 
 from __future__ import annotations
 
+import heapq
 import logging
 import math
 from collections import Counter, deque
@@ -73,6 +74,12 @@ INCIDENT_DEDUP_NS = 10 * 1_000_000_000
 SNAPSHOT_REJECTS_LOUD = 5
 #: a probe result re-judges every rail (not only those it touches) at most this often
 FULL_REVERDICT_NS = 1_000_000_000
+#: a path's part in its rail's probe verdict: (counted, counts against the rail, DOWN and silent
+#: everywhere, lossy); see Engine._path_part
+_NO_PART = (0, 0, 0, 0)
+#: True (tests/conftest.py sets it for the whole suite): every probe verdict made from the
+#: per-rail counts is checked against a scan of the rail's paths, and a difference raises
+CHECK_COUNTS = False
 
 
 class Engine:
@@ -133,6 +140,13 @@ class Engine:
         self._rail_paths: dict[int, list[PathHealth]] = {}
         self._peer_paths: dict[str, list[PathHealth]] = {}
         self._down: dict[tuple[int, str], PathHealth] = {}
+        # per rail, the sums of its paths' parts in the probe verdict (_path_part), kept at each
+        # change of what a part depends on, so a verdict costs O(1) and not a scan of the rail's
+        # paths (16,383 of them at 16,384 hosts); _stale: (when, path, its last result) for the
+        # counted non-UP paths, whose part ends when their last result grows stale (_fresh)
+        self._parts: dict[tuple[int, str], tuple[int, int, int, int]] = {}
+        self._rail_sums: dict[int, list[int]] = {}
+        self._stale: list[tuple[int, tuple[int, str], int]] = []
         self._last_full_reverdict_ns: int | None = None
         self.probe_failed: dict[int, str] = {}   # rail -> why its probes say it is failed
         self.loss: dict[int, tuple[float, int]] = {}  # rail -> (loss ratio, samples) from the edge
@@ -177,6 +191,9 @@ class Engine:
         self._netdev_rail = {r.netdev: r.id for r in policy.rails}
         self._rail_peers = {r.id: sum(1 for p in policy.peers if r.id in p.rail_ips) for r in policy.rails}
         self._dsts = all_destinations(policy)
+        # peers, lossy paths and the freshness horizon may have changed: every part again
+        self._parts, self._rail_sums, self._stale = {}, {}, []
+        self._recount_all = bool(self.paths)
 
     def _on_config(self, ev: ConfigReloaded, now_ns: int) -> list[Action]:
         """Adopt a reloaded config (SIGHUP): rails, peers, hold-down, route settings, and the
@@ -381,6 +398,8 @@ class Engine:
         if old == ev.usable:
             return []
         self.peer_usable[ev.peer] = ev.usable
+        for q in self._peer_paths.get(ev.peer, ()):  # _peer_explains changed for them
+            self._recount(q, now_ns)
         self._record("peer_rails", now_ns, {"peer": ev.peer, "usable": sorted(ev.usable), "was": None if old is None else sorted(old), "peer_generation": ev.generation})
         log.info("peer %s: usable rails %s -> %s", ev.peer, None if old is None else sorted(old), sorted(ev.usable))
         # the peer's own fault explains (or stops explaining) its paths' silence on that rail
@@ -568,7 +587,8 @@ class Engine:
         simulation that judges rails itself needs.  Returns the path and its transition."""
         key = (rail, peer)
         path = self.paths.get(key)
-        if path is None:
+        made = path is None
+        if made:
             pc = self.policy.probe
             path = self.paths[key] = PathHealth(rail, peer, pc.detect_multiplier, pc.interval_ms * 1_000_000)
             self._rail_paths.setdefault(rail, []).append(path)
@@ -578,7 +598,56 @@ class Engine:
             self._down[key] = path
         else:
             self._down.pop(key, None)
+        if made or t is not None:
+            # a new path or a new state changes what the peer's other DOWN paths count for
+            # (_down_counts looks at the peer's other paths)
+            for q in self._peer_paths[peer]:
+                if q is path or q.state == PathState.DOWN:
+                    self._recount(q, now_ns)
+        elif path.state != PathState.UP:
+            self._recount(path, now_ns)  # a fresher result, or a new peer_elsewhere word
+        # (an answer on an UP path changes no part: UP is always fresh, peer_elsewhere stays None)
         return path, t
+
+    def _path_part(self, p: PathHealth, now_ns: int) -> tuple[int, int, int, int]:
+        """Path ``p``'s part in its rail's probe verdict (:meth:`_probe_verdict`) at ``now_ns``:
+        (counted: known, fresh and not explained by its peer; counts against the rail; DOWN and
+        not counting, its peer silent everywhere; lossy), each 0 or 1."""
+        if p.state == PathState.UNKNOWN or not self._fresh(p, now_ns) or self._peer_explains(p):
+            return _NO_PART
+        counts = self._path_counts(p)
+        return (1, int(counts), int(p.state == PathState.DOWN and not counts), int((p.rail, p.peer) in self.lossy))
+
+    def _recount(self, p: PathHealth, now_ns: int) -> None:
+        """Bring path ``p``'s part in its rail's sums up to date (after anything it depends on
+        changed: its state, its last result, its lossy verdict, its peer's announced rails, the
+        peer's other paths)."""
+        key = (p.rail, p.peer)
+        new = self._path_part(p, now_ns)
+        old = self._parts.get(key, _NO_PART)
+        if new != old:
+            sums = self._rail_sums.setdefault(p.rail, [0, 0, 0, 0])
+            for i in range(4):
+                sums[i] += new[i] - old[i]
+        self._parts[key] = new
+        if new[0] and p.state != PathState.UP:  # counted until its last result goes stale
+            heapq.heappush(self._stale, (p.last_result_ns + self._stale_ns(), key, p.last_result_ns))
+
+    def _recount_stale(self, now_ns: int) -> None:
+        """Take the parts of the paths whose last result has gone stale by ``now_ns`` out of
+        their rails' sums (at most one heap entry per non-UP result); on the first call after a
+        (re)configuration, every path's part is counted afresh."""
+        if self._recount_all:
+            self._recount_all = False
+            for q in self.paths.values():
+                self._recount(q, now_ns)
+            return
+        heap = self._stale
+        while heap and heap[0][0] < now_ns:
+            _, key, last = heapq.heappop(heap)
+            p = self.paths.get(key)
+            if p is not None and p.last_result_ns == last:  # else a newer result has its own entry
+                self._recount(p, now_ns)
 
     def _touched_rails(self, p: PathHealth, new: bool, now_ns: int) -> set[int] | None:
         """The rails whose probe verdict one result of path ``p`` can change: its own, and
@@ -681,9 +750,11 @@ class Engine:
         an UP path is current by construction (its next miss would be forwarded)."""
         if p.state == PathState.UP:
             return True
+        return now_ns - p.last_result_ns <= self._stale_ns()
+
+    def _stale_ns(self) -> int:
         pc = self.policy.probe
-        stale_ns = (2 * pc.slow_interval_ms + pc.detect_multiplier * pc.interval_ms) * 1_000_000
-        return now_ns - p.last_result_ns <= stale_ns
+        return (2 * pc.slow_interval_ms + pc.detect_multiplier * pc.interval_ms) * 1_000_000
 
     def _probe_verdict(self, rid: int, now_ns: int) -> str | None:
         """Why rail ``rid`` has failed by its probes, or None.
@@ -699,20 +770,30 @@ class Engine:
         (and traffic to it leaves the rail either way, which is what that peer's fault needs).
         """
         pc = self.policy.probe
-        on_rail = [p for p in self._rail_paths.get(rid, ())
-                   if p.state != PathState.UNKNOWN and self._fresh(p, now_ns) and not self._peer_explains(p)]
-        down = sum(1 for p in on_rail if self._path_counts(p))
-        silent = sum(1 for p in on_rail if p.state == PathState.DOWN and not self._path_counts(p))
-        evidence = len(on_rail) - silent
+        self._recount_stale(now_ns)
+        counted, down, silent, lossy = self._rail_sums.get(rid, _NO_PART)
+        if CHECK_COUNTS:
+            scan = self._scan_counts(rid, now_ns)
+            if scan != (counted, down, silent, lossy):
+                raise AssertionError(f"rail {rid} probe counts {counted, down, silent, lossy} != scan {scan}")
+        evidence = counted - silent
         peers_here = self._rail_peers.get(rid, 0)
         need = min(2, peers_here) if peers_here else 1
         if evidence <= 0 or down < need or down / evidence <= pc.rail_down_share:
             return None
-        lossy = sum(1 for p in on_rail if (p.rail, p.peer) in self.lossy)
         if not lossy:
             return f"probes: {down}/{evidence} peers unreachable over rail {rid} while answering on other rails"
         return (f"probes: {down}/{evidence} peers unreachable or lossy ({lossy} lossy) over rail {rid} "
                 f"while answering on other rails")
+
+    def _scan_counts(self, rid: int, now_ns: int) -> tuple[int, int, int, int]:
+        """What the per-rail sums must equal, from a scan of the rail's paths (the check)."""
+        on_rail = [p for p in self._rail_paths.get(rid, ())
+                   if p.state != PathState.UNKNOWN and self._fresh(p, now_ns) and not self._peer_explains(p)]
+        down = sum(1 for p in on_rail if self._path_counts(p))
+        silent = sum(1 for p in on_rail if p.state == PathState.DOWN and not self._path_counts(p))
+        lossy = sum(1 for p in on_rail if (p.rail, p.peer) in self.lossy)
+        return len(on_rail), down, silent, lossy
 
     def _on_lossy(self, ev: PathLossy, now_ns: int) -> list[Action]:
         """The sequential loss test of a path changed its verdict.  A lossy path counts against
@@ -730,6 +811,9 @@ class Engine:
         else:
             del self.lossy[key]
             self._lossy_since.pop(key, None)
+        p = self.paths.get(key)
+        if p is not None:
+            self._recount(p, now_ns)
         self._record("lossy" if ev.lossy else "lossy_cleared", now_ns,
                      {"rail": ev.rail, "peer": ev.peer, "probes": ev.probes, "loss": loss, "event_t_ns": ev.t_ns})
         log.warning("path rail %d -> %s: %s after %d probes (loss over the window %s)", ev.rail, ev.peer,

@@ -39,6 +39,7 @@ for bad arguments (unknown kind, host or GPU out of range, Xid not 1..999, no su
 
 from __future__ import annotations
 
+import math
 import json
 import os
 import sys
@@ -71,6 +72,19 @@ def _int(name: str, text, lo: int, hi: int) -> int:
         raise InjectError(f"--{name} must be an integer, got {text!r}") from None
     if not lo <= v <= hi:
         raise InjectError(f"--{name} must be {lo}..{hi}, got {v}")
+    return v
+
+
+def _number(name: str, text, default: float, hi: float, unit: str) -> float:
+    """``--NAME``: a number in (0, hi], ``default`` when not given; the message names only this option."""
+    if text is None:
+        return default
+    try:
+        v = float(str(text))
+    except ValueError:
+        v = math.nan
+    if not 0 < v <= hi:  # also NaN
+        raise InjectError(f"--{name} must be a number above 0 and at most {hi:.0f} ({unit}), got {text!r}")
     return v
 
 
@@ -230,6 +244,8 @@ def _cmd_counters(rest) -> int:
     if o.help:
         print(p.format_help(), end="")
         return 0
+    rate = _number("rate", o.rate, 100.0, 1e7, "increase per second")  # a value given is checked first
+    duration = _number("for", o.duration, 10.0, 3600, "seconds")
     host = _int("host", o.host, 0, 15)
     if o.rail is None and o.gpu is None:
         raise InjectError("say what climbs: --rail R or --gpu G")
@@ -237,12 +253,6 @@ def _cmd_counters(rest) -> int:
     add = _int("add", o.add, 1, 2**31) if o.add is not None else None
     if add is not None and (o.rate is not None or o.duration is not None):
         raise InjectError("--add N raises the counter at once: leave --rate and --for out")
-    try:
-        rate, duration = float(o.rate or 100), float(o.duration or 10)
-    except ValueError:
-        raise InjectError(f"--rate and --for must be numbers, got {o.rate!r} and {o.duration!r}") from None
-    if not (0 < rate <= 1e7 and 0 < duration <= 3600):
-        raise InjectError(f"--rate must be in (0, 1e7] and --for in (0, 3600] s, got {rate:g} and {duration:g}")
     r = inject_counters(o.name or "lp", host, kind, subject, o.counter, add, rate, duration)
     print(json.dumps(r) if o.json else describe(r))
     return 0

@@ -104,7 +104,8 @@ BAD_LINES = {
     "unknown-key": (edit("[probe]", "[probe]\nflavour = 1"), ["probe.flavour: Extra inputs are not permitted (unknown option)"]),
     "unknown-section": ("[colour]\nx = 1\n" + GOOD, ["colour: Extra inputs are not permitted (unknown option)"]),
     "cross-field": (edit('host_ip = "198.19.0.1"\n', ""), ['daemon.host_ip: required when mode = "host-ip"']),
-    "empty-file": ("", ["daemon: Field required"]),
+    "empty-file": ("", ["daemon: Field required",  # and the cross-field check that needs no daemon
+                        'rails: at least one [[rails]] entry is required (or set [topology] rails = "auto")']),
     "several": (edit("interval_ms = 20", "interval_ms = 0\nport = 0", edit('host = "h0"', "host = 5")),
                 ["daemon.host: Input should be a valid string (got 5)",
                  "probe.port: Input should be greater than or equal to 1 (got 0)",
@@ -115,7 +116,7 @@ BAD_LINES = {
 @pytest.mark.parametrize("case", list(BAD_LINES))
 def test_check_reports_every_problem_on_its_own_line(tmp_path, capsys, case):
     text, want = BAD_LINES[case]
-    p = write(tmp_path, text)
+    p = write(tmp_path, text.replace("/etc/linkpass/notice.key", str(key_file(tmp_path))))  # no file problem
     rc, out, err = run(capsys, "config", "check", str(p))
     assert rc == 2 and out == ""
     assert sorted(err.splitlines()) == sorted(f"{p}: {w}" for w in want), err
@@ -225,7 +226,7 @@ def test_no_option_takes_a_secret_inline():
 
 
 def test_check_as_a_real_process_has_no_traceback(tmp_path):
-    p = write(tmp_path, edit("interval_ms = 20", "interval_ms = 0"))
+    p = write(tmp_path, edit("interval_ms = 20", "interval_ms = 0", good(tmp_path)))
     r = subprocess.run([sys.executable, "-m", "linkpass.cli", "config", "check", str(p)],
                        capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert r.returncode == 2 and r.stdout == "" and "Traceback" not in r.stderr
@@ -285,6 +286,54 @@ def test_missing_notice_key_is_a_problem_as_for_the_daemon(tmp_path, capsys):
     rc, out, err = check(capsys, p)
     assert (rc, out) == (2, "")
     assert err == [f"{p}: daemon.notice_key_file: /etc/linkpass/notice.key: notice key file does not exist"]
+
+
+# field errors, cross-field errors and file problems in one run (no fix-and-rerun loop)
+ONE_RUN = edit("interval_ms = 20", "interval_ms = 0",  # a field error in [probe]
+               edit('id = 1\nnetdev = "rail1"', 'id = 0\nnetdev = "rail1"',  # a duplicate rail id (cross-field)
+                    edit('"1" = "198.18.1.2"', '"7" = "198.18.1.2"')))  # a peer naming an unknown rail
+
+
+def test_check_reports_field_cross_field_and_file_problems_together(tmp_path, capsys):
+    p = write(tmp_path, ONE_RUN)  # and its notice key file does not exist
+    rc, out, err = check(capsys, p)
+    assert (rc, out) == (2, "")
+    assert err == [f"{p}: probe.interval_ms: Input should be greater than or equal to 1 (got 0)",
+                   f"{p}: rails: duplicate rail id in [0, 0]",
+                   f"{p}: peers[0].rail_ips: rail id(s) [7] are not in [[rails]]",
+                   f"{p}: daemon.notice_key_file: /etc/linkpass/notice.key: notice key file does not exist"]
+    rc, _, err = check(capsys, p, "--no-files")
+    assert rc == 2 and len(err) == 3 and "notice_key_file" not in "".join(err)
+
+
+def test_every_cross_field_error_at_once_when_the_fields_are_valid(tmp_path, capsys):
+    text = edit('name = "h1"', 'name = "h0"', edit('id = 1\nnetdev = "rail1"', 'id = 0\nnetdev = "rail1"', good(tmp_path)))
+    p = write(tmp_path, text)
+    rc, _, err = check(capsys, p)
+    assert rc == 2 and err == [f"{p}: rails: duplicate rail id in [0, 0]",
+                               f"{p}: peers: this host (h0) is listed as its own peer",
+                               f"{p}: peers[0].rail_ips: rail id(s) [1] are not in [[rails]]"]
+    with pytest.raises(config_mod.ConfigError) as ei:  # the daemon's one line is still the first problem
+        parse_config(text, "f.toml")
+    assert str(ei.value) == "f.toml: rails: duplicate rail id in [0, 0] (and 2 more problem(s))"
+
+
+def test_cross_field_checks_that_need_an_invalid_part_are_skipped(tmp_path, capsys):
+    # rails[1] is invalid: whether the peer's rail 1 exists is unknown, so it is not reported
+    text = edit('id = 1\nnetdev = "rail1"', 'id = 1\nnetdev = 5', good(tmp_path))
+    p = write(tmp_path, text)
+    rc, _, err = check(capsys, p)
+    assert rc == 2 and err == [f"{p}: rails[1].netdev: Input should be a valid string (got 5)"]
+    # [daemon] invalid: its notice key file is not read, and peers are not compared with it
+    text = edit('host = "h0"', "host = 5", edit("/etc/linkpass/notice.key", "/nonexistent/k"))
+    rc, _, err = check(capsys, write(tmp_path, text))
+    assert rc == 2 and err == [f"{tmp_path / 'linkpass.toml'}: daemon.host: Input should be a valid string (got 5)"]
+
+
+def test_not_toml_is_still_one_line_without_file_checks(tmp_path, capsys):
+    p = write(tmp_path, "[daemon\n")
+    rc, _, err = check(capsys, p)
+    assert rc == 2 and len(err) == 1 and "not valid TOML" in err[0]
 
 
 @pytest.mark.parametrize("mode", [0o644, 0o640, 0o604])

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
+import pytest
+
 from unit_helpers import decided, make_cfg, snapshot
 
 from linkpass.config import policy_from_config, probe_policy
 from linkpass.core.engine import Engine
-from linkpass.core.model import ApplyRoutes, PeerRails, ProbeLoss, ProbeResult, SendNotice, Tick
+from linkpass.core.model import ApplyRoutes, ConfigReloaded, PathLossy, PeerRails, ProbeLoss, ProbeResult, SendNotice, Tick
 
 MS = 1_000_000
 
@@ -387,3 +391,62 @@ def test_rejudging_only_the_touched_rails_decides_like_rejudging_every_rail(monk
         return trace
 
     assert run(engine_mod.FULL_REVERDICT_NS) == run(0)
+
+
+def test_per_rail_probe_counts_equal_a_scan_of_the_rails_paths_through_every_kind_of_change():
+    """The probe verdict reads per-rail sums kept at each change (Engine._recount) instead of
+    scanning the rail's paths.  Through random results, lossy verdicts, peer notices that take
+    rails out and put them back, gaps long enough for DOWN and SUSPECT paths to go stale, and a
+    config reload, the sums must equal the scan after every event, on every rail."""
+    import random
+
+    cfg = make_cfg(rails=(0, 1, 2), n_peers=5, hold_down_ms=100)
+    e = Engine(policy_from_config(cfg))
+    e.handle(snapshot(cfg, 0), 0)
+    pol = e.policy.probe
+    stale_ns = (2 * pol.slow_interval_ms + pol.detect_multiplier * pol.interval_ms) * MS
+    rng = random.Random(11)
+    peers = [p.name for p in cfg.peers]
+    t = 0
+    kinds, seen = Counter(), Counter()
+    for i in range(6000):
+        t += rng.choice((1, 2, 5, 5, 20)) * MS if rng.random() > 0.01 else stale_ns + rng.choice((0, MS))
+        rail, peer = rng.choice((0, 1, 2)), rng.choice(peers)
+        roll = rng.random()
+        if roll < 0.03:
+            ev = PathLossy(rail, peer, rng.random() < 0.6, t, probes=20, loss=0.4)
+        elif roll < 0.05:
+            usable = frozenset(r for r in (0, 1, 2) if rng.random() < 0.7)
+            ev = PeerRails(peer, usable, i, i, t)
+        elif roll < 0.06:
+            ev = Tick(t)
+        elif i == 3000:
+            ev = ConfigReloaded(policy_from_config(cfg), None, t)
+        else:
+            ok = rng.random() < (0.3 if rail == 0 and i % 1000 < 600 else 0.9)
+            word = None if ok else rng.choice((True, True, False, None))
+            ev = ProbeResult(rail, peer, ok, t, rtt_ns=20_000 if ok else None, peer_elsewhere=word)
+        kinds[type(ev).__name__] += 1
+        e.handle(ev, t)
+        e._recount_stale(t)
+        for r in (0, 1, 2):
+            assert tuple(e._rail_sums.get(r, (0, 0, 0, 0))) == e._scan_counts(r, t), (i, ev, r)
+        seen.update(p.state.value for p in e.paths.values())
+        seen.update(f"failed {r}" for r in e.probe_failed)
+    assert kinds["PathLossy"] > 50 and kinds["PeerRails"] > 50 and kinds["ConfigReloaded"] == 1, kinds
+    # the run went through what the counts must follow: DOWN and SUSPECT paths, a rail failed
+    assert {"UP", "SUSPECT", "DOWN", "failed 0"} <= set(seen), seen
+
+
+def test_a_probe_count_that_differs_from_the_scan_is_caught():
+    """The suite-wide check (CHECK_COUNTS, on in tests/conftest.py) can fail."""
+    from linkpass.core import engine as engine_mod
+
+    assert engine_mod.CHECK_COUNTS
+    cfg = make_cfg(rails=(0, 1), n_peers=3)
+    e = Engine(policy_from_config(cfg))
+    e.handle(snapshot(cfg, 0), 0)
+    e.handle(ProbeResult(0, cfg.peers[0].name, True, MS, rtt_ns=20_000), MS)
+    e._rail_sums[0][1] += 1  # one more DOWN path than there is
+    with pytest.raises(AssertionError, match="probe counts"):
+        e._probe_verdict(0, 2 * MS)

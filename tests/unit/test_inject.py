@@ -94,8 +94,11 @@ def test_device_fault_help_prints_its_options_exit_0(flag, capsys):
     (["inject", "counters", "--rail", "0"], "--host is required"),
     (["inject", "counters", "--host", "0"], "say what climbs: --rail R or --gpu G"),
     (["inject", "counters", "--host", "0", "--rail", "0", "--gpu", "0"], "not allowed with argument"),
-    (["inject", "counters", "--host", "0", "--rail", "0", "--rate", "x"], "--rate and --for must be numbers"),
-    (["inject", "counters", "--host", "0", "--rail", "0", "--for", "0"], "--for in (0, 3600]"),
+    (["inject", "counters", "--host", "0", "--rail", "0", "--rate", "x"],
+     "--rate must be a number above 0 and at most 10000000 (increase per second), got 'x'"),
+    (["inject", "counters", "--host", "0", "--rail", "0", "--for", "0"],
+     "--for must be a number above 0 and at most 3600 (seconds), got '0'"),
+    (["inject", "counters", "--host", "0", "--rail", "0", "--rate", "nan"], "--rate must be a number above 0"),
     (["inject", "counters", "--host", "0", "--rail", "0", "--add", "0"], "--add must be 1.."),
     (["inject", "counters", "--host", "0", "--rail", "0", "--name", "nosuchfabric"], "nosuchfabric"),
 ])
@@ -106,6 +109,17 @@ def test_counters_bad_arguments_one_line_exit_2(argv, why, capsys):
         rc = e.code
     err = capsys.readouterr().err
     assert rc == 2 and len(err.strip().splitlines()) == 1 and why in err, err
+
+
+@pytest.mark.parametrize("argv, why, other", [
+    (["--rate", "abc"], "--rate must be a number", "--for"),  # a bad value is said first, alone
+    (["--host", "0", "--rail", "0", "--rate", "abc"], "got 'abc'", "--for"),
+    (["--host", "0", "--rail", "0", "--for", "x"], "--for must be a number", "--rate"),
+])
+def test_counters_a_bad_number_names_only_its_own_option(argv, why, other, capsys):
+    rc = cli.main(["inject", "counters", *argv])
+    err = capsys.readouterr().err
+    assert rc == 2 and why in err and other not in err and "Traceback" not in err and len(err.splitlines()) == 1, err
 
 
 def test_counters_climb_in_the_hosts_tree_and_the_poller_reads_them(tmp_path, monkeypatch, capsys):

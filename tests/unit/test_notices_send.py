@@ -19,12 +19,12 @@ from linkpass.core.model import SendNotice
 KEY = b"k" * 32
 
 
-def _cfg(n_peers: int = 5, rails: int = 3):
+def _cfg(n_peers: int = 5, rails: int = 3, daemon: str = ""):
     rails_toml = "".join(f'[[rails]]\nid = {r}\nnetdev = "rail{r}"\naddress = "198.18.{r}.1"\n' for r in range(rails))
     peers_toml = "".join(
         f'[[peers]]\nname = "p{i}"\nrail_ips = {{ {", ".join(f"{chr(34)}{r}{chr(34)} = {chr(34)}198.18.{r}.{10 + i}{chr(34)}" for r in range(rails))} }}\n'
         for i in range(n_peers))
-    return parse_config(f'[daemon]\nhost = "h0"\nmode = "per-rail-ip"\n{rails_toml}{peers_toml}')
+    return parse_config(f'[daemon]\nhost = "h0"\nmode = "per-rail-ip"\n{daemon}{rails_toml}{peers_toml}')
 
 
 class _Rec:
@@ -79,11 +79,14 @@ def test_a_big_send_is_spread_over_loop_turns_and_a_newer_one_replaces_its_rest(
     assert first == [(0, f"198.18.0.{10 + i}", 1) for i in range(4)]
 
 
-def _refresh_turns(monkeypatch, ns, state, turns: int) -> None:
-    """Run ``ns.refresh_loop`` for ``turns`` periods (its sleep counts them, no time passes)."""
+def _refresh_turns(monkeypatch, ns, state, turns: int, slept: list | None = None) -> None:
+    """Run ``ns.refresh_loop`` for ``turns`` periods (its sleep counts them, no time passes;
+    ``slept`` gets each period asked for, s)."""
     n = {"n": 0}
 
-    async def fake_sleep(_s):
+    async def fake_sleep(s):
+        if slept is not None:
+            slept.append(s)
         n["n"] += 1
         if n["n"] > turns:
             raise asyncio.CancelledError
@@ -110,3 +113,18 @@ def test_refresh_with_no_usable_rail_sends_nothing(monkeypatch):
     ns, sent = _service(_cfg(n_peers=2))
     _refresh_turns(monkeypatch, ns, _state(3, usable=()), 3)
     assert sent == []
+
+
+@pytest.mark.parametrize("n_peers,max_pps,period_s", [(5, 2000, 1.0), (30, 10, 3.0), (4, 8, 1.0), (9, 8, 1.125)])
+def test_the_refresh_period_grows_past_notice_refresh_max_pps_datagrams_a_second(monkeypatch, n_peers, max_pps, period_s):
+    """Every host refreshes every peer each period, so the cap bounds what each host sends and,
+    the same on every host, what each receives and verifies: one datagram per peer per period
+    at most ``notice_refresh_max_pps`` a second."""
+    cfg = _cfg(n_peers=n_peers, daemon=f"notice_refresh_max_pps = {max_pps}\n")
+    assert mod.refresh_period_s(cfg) == pytest.approx(period_s)
+    ns, sent = _service(cfg)
+    slept = []
+    _refresh_turns(monkeypatch, ns, _state(4, usable=(0, 1)), 3, slept)
+    assert slept and all(s == pytest.approx(period_s) for s in slept), slept
+    assert len(sent) == 3 * n_peers  # one datagram per peer per refresh, over one rail
+    assert n_peers / slept[0] <= max_pps or slept[0] == cfg.daemon.notice_refresh_ms / 1000
