@@ -825,8 +825,8 @@ class ResilientProcessGroup(dist.ProcessGroup):
         return {k: ev[k] for k in ("generation", "start_seq", "reissued", "reissued_scratch", "interface")}
 
     def settled_low(self) -> int:
-        """This rank's lowest unfinished collective (its sequence number; ``issued`` when every
-        one completed), once the collectives of the aborted generation have finished: each one
+        """This rank's lowest unfinished collective (its sequence number; the next one's when
+        every one issued completed), once the collectives of the aborted generation have finished: each one
         still in flight is waited for, ``abandon_s`` in all, then abandoned (:meth:`_abandon`).
         The value :meth:`rebuild` exchanges as this rank's ``low``.  Call it after :meth:`abort`:
         the group then stays down, so the value holds until the rebuild (a late completion of
