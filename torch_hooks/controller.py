@@ -400,12 +400,7 @@ class Controller:
             pfx = f"rebuild/{e}/prop" if k == 0 else f"rebuild/{e}/r{k}/prop"
             kv.set(f"{pfx}/{self.s.rank}", json.dumps(self._proposal().to_mapping()))
             keys = [f"rebuild/{e}/prop/{r}" if (r == joining or k == 0) else f"{pfx}/{r}" for r in range(self.s.world_size)]
-            try:
-                kv.wait(keys, datetime.timedelta(seconds=self.s.rebuild_timeout_s))
-            except Exception as ex:  # noqa: BLE001
-                missing = [r for r, key in enumerate(keys) if not kv.check([key])]
-                raise RuntimeError(f"ranks {missing} did not join rebuild epoch {e} within "
-                                   f"{self.s.rebuild_timeout_s:.0f} s ({str(ex).splitlines()[0][:120]})") from None
+            self._wait_ranks(kv, keys, e)
             props = {r: agreement.Proposal.from_mapping(json.loads(kv.get(key))) for r, key in enumerate(keys)}
             t_agree = time.monotonic_ns()
             if not self.s.rails:  # no rail map: rebuild where the group was
@@ -419,6 +414,36 @@ class Controller:
                             d.reason, NO_RAIL_WAIT_S)
             k += 1
             time.sleep(ROUND_S)
+
+    def _wait_ranks(self, kv, keys: list[str], e: int) -> None:
+        """Wait up to the rebuild timeout for ``keys`` (rank ``r``'s is ``keys[r]``), a ``check``
+        every :data:`POLL_S` (see there why not a store wait); a rank missing that has left the
+        job (``left/<rank>``, see :meth:`mark_left`) ends the wait at once: it will not come.
+
+        Raises:
+            RuntimeError: the ranks missing, and whether they left or did not answer in time.
+        """
+        deadline = time.monotonic() + self.s.rebuild_timeout_s
+        while not kv.check(keys):
+            missing = [r for r, key in enumerate(keys) if not kv.check([key])]
+            gone = [r for r in missing if kv.check([f"left/{r}"])]
+            if gone:
+                raise RuntimeError(f"rank(s) {gone} left the job (the script ended or failed there) and cannot take part "
+                                   f"in rebuild epoch {e}")
+            if time.monotonic() >= deadline:
+                raise RuntimeError(f"ranks {missing} did not join rebuild epoch {e} within {self.s.rebuild_timeout_s:.0f} s")
+            time.sleep(POLL_S)
+
+    def mark_left(self) -> None:
+        """Say in the job's store that this rank's process is exiting (at interpreter exit, the
+        script done or failed; never for a hand-over or a rollback, which replace the process
+        with ``execve``), so a peer whose collective then fails stops at once with that reason
+        instead of waiting out the rebuild timeout.  Never raises."""
+        try:
+            if self._kv is not None:
+                self._kv.set(f"left/{self.s.rank}", "1")
+        except Exception as ex:  # noqa: BLE001 - exiting anyway
+            log.debug("left marker not written: %s", ex)
 
     def _position(self) -> dict:
         """This rank's ``rebuild/<e>/pos`` (see torch_hooks/handover.py), with ``lows``: per group
@@ -631,7 +656,9 @@ class Controller:
     def _on_at_risk(self, msg: dict) -> None:
         """The daemon says this rank's GPU is at risk (it still works): move the rank to a spare
         at the next step boundary, with this rank's own live state (the planned hand-over of
-        :meth:`_hand_over_planned`: no step lost, sharded ranks too), or, when that cannot be
+        :meth:`_hand_over_planned`: no step lost, sharded ranks too; put off by a step while a
+        peer has not completed a collective from before the boundary, :meth:`_defer_planned`),
+        or, when that cannot be
         done, report ``at_risk_unmovable`` with why and go on training here (the daemon's alert
         tells operators to drain the node)."""
         v = msg.get("verdict") or {}
