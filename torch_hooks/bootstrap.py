@@ -193,6 +193,7 @@ def _at_exit() -> None:
     write_report()
     ctl = _state.get("controller")
     if ctl is not None:
+        ctl.mark_left()  # before the groups close: a peer whose collective fails then knows why
         if ctl.spares and ctl._kv is not None:
             from torch_hooks import handover
 

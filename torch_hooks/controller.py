@@ -83,6 +83,10 @@ ROUND_S = 0.25
 #: how long a rebuild waits for an optimizer step in progress to finish (s)
 STEP_LOCK_S = 5.0
 
+#: how many times a planned hand-over (GPU at risk) is put off because a peer had not completed
+#: a collective from before the moving rank's step boundary, before the rank stays where it is
+MAX_HANDOVER_DEFERRALS = 3
+
 #: how often the controller thread checks the store for a rebuild request (s).  A check, not a
 #: store wait() with a timeout: a timed-out TCPStore wait leaves a waiter on the server whose
 #: late answer desynchronises the connection (torch_hooks/spare.py).  A rank whose own daemon
@@ -187,6 +191,11 @@ class Controller:
         self._in_rebuild = False
         self._deferred: tuple[str, str] | None = None
         self._planned: tuple[dict, str] | None = None  # (claimed spare, why) of a GPU-at-risk move
+        #: a planned hand-over put off (see _defer_planned): {"wait": [(group, seq)], "deadline"
+        #: (time.monotonic()), "tries", "asked"}; the controller thread asks for it again
+        self._held_plan: dict | None = None
+        self._step_held = False   # the controller keeps tracker.step_lock across epochs (_held_plan)
+        self._step_locked = False  # this rebuild holds tracker.step_lock
         self.spares: list = []                 # this worker's warm spare processes
         self.memsnap: Any = None               # torch_hooks.memsnap.MemorySnapshots, when on
         tracker.add_step_listener(self._on_step)
@@ -292,6 +301,8 @@ class Controller:
         while not self._stop.wait(POLL_S):
             if self._handing_over:
                 return  # this process is about to become a proxy: the spare takes part from now on
+            if self._held_plan is not None:
+                self._poll_held_plan()
             e = self.epoch + 1
             key = f"rebuild/{e}/req"
             try:
@@ -347,17 +358,21 @@ class Controller:
         t_abort = time.monotonic_ns()
         # the optimizer must not step while the position and (for a hand-over) the state are
         # read and until the groups are rebuilt: hold its lock (a step in progress finishes first)
-        locked = self.tracker.step_lock.acquire(timeout=STEP_LOCK_S)
+        locked = self._step_held or self.tracker.step_lock.acquire(timeout=STEP_LOCK_S)
         if not locked:
             log.warning("the optimizer step did not finish within %.0f s (a collective inside step()?); the position "
                         "is read without it", STEP_LOCK_S)
+        self._step_locked = locked
         with self._lock:
             self._in_rebuild = True
         try:
             self._rebuild_locked(e, t0, t_abort, req, pending)
         finally:
-            if locked:
+            if locked and not self._step_held:  # kept for a put-off hand-over (_defer_planned)
                 self.tracker.step_lock.release()
+            self._step_locked = False
+            if self._held_plan is not None:
+                self._held_plan["asked"] = False  # a request this epoch took the place of is asked again
             with self._lock:
                 self._in_rebuild = False
                 self._pending = None
@@ -385,12 +400,7 @@ class Controller:
             pfx = f"rebuild/{e}/prop" if k == 0 else f"rebuild/{e}/r{k}/prop"
             kv.set(f"{pfx}/{self.s.rank}", json.dumps(self._proposal().to_mapping()))
             keys = [f"rebuild/{e}/prop/{r}" if (r == joining or k == 0) else f"{pfx}/{r}" for r in range(self.s.world_size)]
-            try:
-                kv.wait(keys, datetime.timedelta(seconds=self.s.rebuild_timeout_s))
-            except Exception as ex:  # noqa: BLE001
-                missing = [r for r, key in enumerate(keys) if not kv.check([key])]
-                raise RuntimeError(f"ranks {missing} did not join rebuild epoch {e} within "
-                                   f"{self.s.rebuild_timeout_s:.0f} s ({str(ex).splitlines()[0][:120]})") from None
+            self._wait_ranks(kv, keys, e)
             props = {r: agreement.Proposal.from_mapping(json.loads(kv.get(key))) for r, key in enumerate(keys)}
             t_agree = time.monotonic_ns()
             if not self.s.rails:  # no rail map: rebuild where the group was
@@ -405,9 +415,43 @@ class Controller:
             k += 1
             time.sleep(ROUND_S)
 
+    def _wait_ranks(self, kv, keys: list[str], e: int) -> None:
+        """Wait up to the rebuild timeout for ``keys`` (rank ``r``'s is ``keys[r]``), a ``check``
+        every :data:`POLL_S` (see there why not a store wait); a rank missing that has left the
+        job (``left/<rank>``, see :meth:`mark_left`) ends the wait at once: it will not come.
+
+        Raises:
+            RuntimeError: the ranks missing, and whether they left or did not answer in time.
+        """
+        deadline = time.monotonic() + self.s.rebuild_timeout_s
+        while not kv.check(keys):
+            missing = [r for r, key in enumerate(keys) if not kv.check([key])]
+            gone = [r for r in missing if kv.check([f"left/{r}"])]
+            if gone:
+                raise RuntimeError(f"rank(s) {gone} left the job (the script ended or failed there) and cannot take part "
+                                   f"in rebuild epoch {e}")
+            if time.monotonic() >= deadline:
+                raise RuntimeError(f"ranks {missing} did not join rebuild epoch {e} within {self.s.rebuild_timeout_s:.0f} s")
+            time.sleep(POLL_S)
+
+    def mark_left(self) -> None:
+        """Say in the job's store that this rank's process is exiting (at interpreter exit, the
+        script done or failed; never for a hand-over or a rollback, which replace the process
+        with ``execve``), so a peer whose collective then fails stops at once with that reason
+        instead of waiting out the rebuild timeout.  Never raises."""
+        try:
+            if self._kv is not None:
+                self._kv.set(f"left/{self.s.rank}", "1")
+        except Exception as ex:  # noqa: BLE001 - exiting anyway
+            log.debug("left marker not written: %s", ex)
+
     def _position(self) -> dict:
+        """This rank's ``rebuild/<e>/pos`` (see torch_hooks/handover.py), with ``lows``: per group
+        (:func:`group_key`), its lowest unfinished collective once the aborted generation's work
+        has finished (what the group's rebuild exchanges; the groups are down, so it holds)."""
         return dict(self.tracker.boundary_pos, boundary_seqs=[g.boundary_seq for g in self.groups],
-                    ddp_layouts=self.tracker.ddp_layouts)
+                    ddp_layouts=self.tracker.ddp_layouts,
+                    lows={group_key(i, g): g.settled_low() for i, g in enumerate(self.groups)})
 
     def _rebuild_locked(self, e: int, t0: int, t_abort: int, req: dict, pending) -> None:
         self._rebuild_times = [t for t in self._rebuild_times if t > time.monotonic() - RATE_WINDOW_S] + [time.monotonic()]
@@ -444,8 +488,11 @@ class Controller:
                 log.warning("linkpass: rank %d: state (%d bytes) sent to the spare taking rank %d", self.s.rank, len(data),
                             ho["rank"])
         if req.get("trigger") == "at_risk" and req.get("rank") == self.s.rank and self._planned is not None:
-            self._hand_over_planned(e, kv)
-            return
+            lag = self._planned_lag(kv, e)
+            if not lag:
+                self._hand_over_planned(e, kv)
+                return
+            self._defer_planned(e, lag)  # and rebuild in-process: this rank re-issues what the peer needs
         latched = any(g.latched for g in self.groups)
         moving = iface is not None and any(iface != g.interface for g in self.groups)
         if latched and moving and self._own_rail_dead():
@@ -588,7 +635,8 @@ class Controller:
             ho.update(rollback, kind="rollback", at_step=self.tracker.boundary_pos.get("steps"))
         # from here this rank's optimizer cannot step (the lock is never given back: the process
         # becomes the proxy), so the replica ends at most one step past this rank's boundary
-        self.tracker.step_lock.acquire(timeout=STEP_LOCK_S)
+        if not self._step_held:  # else the controller thread holds it already (_defer_planned)
+            self.tracker.step_lock.acquire(timeout=STEP_LOCK_S)
         kv.set(f"handover/{e}/{self.s.rank}", json.dumps(ho))
         got = kv.compare_set(f"rebuild/{e}/req", "", json.dumps({"rank": self.s.rank, "trigger": "device_fault",
                                                                  "reason": why, "handover": ho}))
@@ -608,7 +656,9 @@ class Controller:
     def _on_at_risk(self, msg: dict) -> None:
         """The daemon says this rank's GPU is at risk (it still works): move the rank to a spare
         at the next step boundary, with this rank's own live state (the planned hand-over of
-        :meth:`_hand_over_planned`: no step lost, sharded ranks too), or, when that cannot be
+        :meth:`_hand_over_planned`: no step lost, sharded ranks too; put off by a step while a
+        peer has not completed a collective from before the boundary, :meth:`_defer_planned`),
+        or, when that cannot be
         done, report ``at_risk_unmovable`` with why and go on training here (the daemon's alert
         tells operators to drain the node)."""
         v = msg.get("verdict") or {}
@@ -641,6 +691,84 @@ class Controller:
         if self.client is not None:
             self.client.report("at_risk_moving", gpu=msg.get("gpu"), rule=v.get("rule"), spare=int(spare["id"]))
         self.request("at_risk", why)
+
+    def _planned_lag(self, kv, e: int) -> list[tuple[str, int, int, int]]:
+        """For a planned hand-over in epoch ``e``: :func:`handover.behind_boundary` of this rank's
+        boundary against the other ranks' positions (written before their proposals, so there
+        once the agreement is: the wait is for form's sake).  Empty: the spare may resume at
+        this rank's boundary.
+
+        Raises:
+            RuntimeError: a position did not come within the rebuild timeout (the store's error).
+        """
+        from torch_hooks import handover
+
+        keys = {r: f"rebuild/{e}/pos/{r}" for r in range(self.s.world_size) if r != self.s.rank}
+        kv.wait(list(keys.values()), datetime.timedelta(seconds=self.s.rebuild_timeout_s))
+        own = {group_key(i, g): g.boundary_seq for i, g in enumerate(self.groups)}
+        return handover.behind_boundary(own, {r: json.loads(kv.get(k)) for r, k in keys.items()})
+
+    def _defer_planned(self, e: int, lag: list[tuple[str, int, int, int]]) -> None:
+        """A peer has not completed a collective from before this rank's step boundary (``lag``,
+        from :meth:`_planned_lag`): this rank completed it, stepped and went on, and the abort
+        came before the peer had all of it.  A spare resuming at the boundary cannot issue it
+        again, and would pair the peer's with its own next one.  So in epoch ``e`` the rank
+        rebuilds in-process (the caller goes on to do so: it re-issues the collective for the
+        peer into scratch outputs; the peers cannot tell this from a spare joining), keeps the
+        optimizer step lock so its boundary stays where it is, and asks for the hand-over again
+        once a collective at or after its boundary completes here in every lagging group (every
+        rank issued it, so every rank completed what came before: :meth:`_poll_held_plan`).
+        After :data:`MAX_HANDOVER_DEFERRALS` tries, or no such collective within the rebuild
+        timeout, the rank stays on its GPU (``at_risk_unmovable``)."""
+        spare, why = self._planned
+        tries = (self._held_plan or {}).get("tries", 0) + 1
+        what = "; ".join(f"rank {r} has not completed seq {low} of group {k} (this rank's boundary is at seq {b})"
+                         for k, r, low, b in lag[:4])
+        if tries > MAX_HANDOVER_DEFERRALS:
+            self._give_up_plan(f"a peer was still behind this rank's step boundary after {MAX_HANDOVER_DEFERRALS} "
+                               f"tries ({what})")
+            return
+        waits = {k: b for k, _, _, b in lag}
+        self._held_plan = {"wait": [(g, waits[group_key(i, g)]) for i, g in enumerate(self.groups)
+                                    if group_key(i, g) in waits],
+                           "deadline": time.monotonic() + self.s.rebuild_timeout_s, "tries": tries, "asked": False,
+                           "why": why}
+        # the boundary must not move: the next step's collectives complete, then the optimizer
+        # waits here (without the lock, e.g. a step stuck in a collective, the next try checks again)
+        self._step_held = self._step_locked
+        log.warning("linkpass: rank %d: the hand-over to spare %s waits for the next step's collectives (%s); "
+                    "epoch %d rebuilds in-process", self.s.rank, spare["id"], what, e)
+
+    def _poll_held_plan(self) -> None:
+        """The controller thread, every :data:`POLL_S` while a hand-over is put off: ask for it
+        once every lagging group completed a collective at or after this rank's boundary; give
+        it up at the deadline."""
+        h = self._held_plan
+        if h is None or h["asked"] or self._in_rebuild:
+            return
+        if all(g.completed_since(seq) for g, seq in h["wait"]):
+            h["asked"] = True
+            self.request("at_risk", h["why"])
+        elif time.monotonic() > h["deadline"]:
+            self._give_up_plan(f"no collective after this rank's step boundary completed within "
+                               f"{self.s.rebuild_timeout_s:.0f} s while a peer was behind it")
+
+    def _give_up_plan(self, reason: str) -> None:
+        """The planned hand-over cannot be done: give the claimed spare back, let the optimizer
+        step again, say why (``at_risk_unmovable``); training goes on on this GPU."""
+        spare, why = self._planned
+        self._planned = self._held_plan = None
+        try:
+            self._kv.add(f"spares/{spare['id']}/claimed", -1)
+        except Exception as ex:  # noqa: BLE001 - it stays claimed: one spare fewer
+            log.warning("spare %s not given back: %s", spare["id"], ex)
+        if self._step_held:
+            self._step_held = False
+            if not self._step_locked:  # inside a rebuild, its end lets the lock go
+                self.tracker.step_lock.release()
+        log.error("linkpass: rank %d: %s; the rank stays on this GPU: %s", self.s.rank, why, reason)
+        if self.client is not None:
+            self.client.report("at_risk_unmovable", reason=reason[:300])
 
     def _hand_over_planned(self, e: int, kv) -> None:
         """This rank's GPU is at risk and every rank has stopped at the boundary (rebuild epoch
@@ -758,6 +886,12 @@ class Controller:
             self._after_rebuild = None
             ev["first_step_t_ns"] = time.monotonic_ns()
             ev["first_step"] = steps
+
+
+def group_key(i: int, g: Any) -> str:
+    """How positions name a process group to other ranks: torch's group name (the same on every
+    rank), else its index in creation order."""
+    return str(getattr(g, "group_name", "") or i)
 
 
 def memsnap_holder(ms: Any, rank: int) -> int:

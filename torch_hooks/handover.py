@@ -21,7 +21,8 @@ not initialised NCCL or CUDA.
 * ``rebuild/<e>/pos/<rank>``: each rank's position at its last step boundary, written with its
   proposal while its optimizer cannot step (the tracker's ``step_lock``): ``steps``, ``epoch``,
   ``batch`` (batches of that epoch consumed), ``boundary_seqs`` (per group, the first
-  collective after the boundary);
+  collective after the boundary), ``lows`` (per group, by name: the lowest collective the rank
+  has not completed, as the groups' rebuild exchanges it);
 * ``handover/<e>/<rank>/state/<i>``, ``handover/<e>/<rank>/state/n``: the state for the spare
   taking ``rank`` (several ranks may hand over in one epoch: a rail's switch failing on every
   host; sharded ranks each need their own), ``torch.save`` of
@@ -41,6 +42,17 @@ nothing (the rank already wrote those files).  At the first batch past the posit
 the source's state (modules, optimizers, LR schedulers, RNG at the boundary), its groups go live
 at the boundary's sequence numbers, and the batch reaches the script: the step the rank was in
 is computed again, with the same data, the same parameters and the same reduction order.
+
+**No peer behind the boundary.**  The other ranks issue again every collective from the
+lowest one any rank has not completed; the spare's first is the boundary's.  So a peer that has
+not completed a collective from before the boundary (the moving rank completed it, stepped and
+went on; the abort came before the peer had its last segment) would pair it with the spare's
+next one, and every later one too.  A planned hand-over therefore compares the peers' ``lows``
+with its boundary (:func:`behind_boundary`) and, when one is behind, rebuilds in-process for
+that epoch and hands over once the next step's collectives are through
+(:meth:`torch_hooks.controller.Controller._defer_planned`).  Whatever the path, a joining spare
+reads the other ranks' lows and stops (exit ``EXIT_REBUILD_FAILED``, with the reason) rather
+than train on wrong data (:meth:`torch_hooks.pg.ResilientProcessGroup._join`).
 
 **What it cannot know.**  A script that does not iterate a ``DataLoader`` over a
 ``DistributedSampler`` and does not call :func:`torch_hooks.tracker.set_position`: no position,
@@ -393,7 +405,12 @@ def replay_to(settings: Any, tracker: Any, controller: Any, e: int, pos: dict, l
                                f"were at the step boundary ({len(seqs)})")
         return e, seqs[i]
 
-    pg._join_hook[0] = join
+    def cannot_join(reason: str) -> None:
+        from torch_hooks.controller import EXIT_REBUILD_FAILED
+
+        controller.exit_fn(EXIT_REBUILD_FAILED, f"{who}: {reason}")
+
+    pg._join_hook[:] = [join, cannot_join]
     controller.epoch = e
     controller.rail = settings.rail
     controller.handover_event = ev
@@ -408,7 +425,7 @@ def replay_to(settings: Any, tracker: Any, controller: Any, e: int, pos: dict, l
             controller.exit_fn(EXIT_REBUILD_FAILED, f"{who}: the state cannot be loaded: "
                                f"{str(ex).splitlines()[0][:300] if str(ex) else type(ex).__name__}")
             return
-        pg._join_hook[0] = None
+        pg._join_hook[:] = [None, None]
         groups = controller.groups
         if len(groups) != len(seqs):
             controller.exit_fn(pg_exit_code(), f"{who}: {len(groups)} process groups here, {len(seqs)} at the step "
@@ -501,6 +518,25 @@ def source_rank(positions: dict[int, dict]) -> int:
     """The replica a spare takes its state from: the lowest ``steps``, then the lowest rank
     (every rank computes the same)."""
     return min(positions, key=lambda r: (positions[r]["steps"], r))
+
+
+def behind_boundary(own: dict[str, int], positions: dict[int, dict]) -> list[tuple[str, int, int, int]]:
+    """Where a spare resuming at this rank's step boundary would start ahead of a peer.
+
+    ``own``: per process group (its key, see ``lows`` below), the sequence number of this rank's
+    first collective after its boundary; ``positions``: the other ranks' ``rebuild/<e>/pos``, whose
+    ``lows`` map each of their groups' keys to their lowest unfinished collective.  Returns
+    ``(group, rank, its low, this rank's boundary seq)`` for every group and rank with the low
+    below the boundary, sorted: that rank still needs a collective this rank had completed before
+    its boundary, which a spare with this rank's state cannot issue.  A position without
+    ``lows``, or without the group (a rank not in it), says nothing."""
+    out = []
+    for key, b in own.items():
+        for r, pos in positions.items():
+            low = (pos.get("lows") or {}).get(key)
+            if low is not None and int(low) < b:
+                out.append((key, r, int(low), b))
+    return sorted(out)
 
 
 def _local_tree(x: Any) -> Any:

@@ -151,6 +151,9 @@ DEFAULT_ERROR_GRACE_S = 30.0
 DEFAULT_RETAIN_LIMIT_BYTES = 2 << 30
 #: Default for ``abandon_s`` (s): old collectives normally fail within milliseconds of the abort.
 DEFAULT_ABANDON_S = 2.0
+#: How long a joining spare waits for the other ranks' lowest unfinished collectives (s); they
+#: write them before they wait for its own (:meth:`ResilientProcessGroup._join`).
+JOIN_LOWS_WAIT_S = 60.0
 #: How long :meth:`ResilientProcessGroup.shutdown` waits, in all, for this group's own threads
 #: (waiters, grace timers) to end (s); they normally end within microseconds.
 SHUTDOWN_JOIN_S = 10.0
@@ -222,6 +225,13 @@ def job_store(store: Any, job: str, environ: Any = None) -> Any:
     """The job's own keys in the job's store: ``PrefixStore("linkpass/<job>", attempt_store(store))``
     (the controller's rebuild agreement, spares, snapshots, in-memory copies)."""
     return dist.PrefixStore(f"linkpass/{job}", attempt_store(store, environ))
+
+
+def peers_behind(lows: dict[int, int], low: int) -> dict[int, int]:
+    """The entries of ``lows`` (rank -> its lowest unfinished collective, a sequence number)
+    below ``low``: the ranks that still need a collective that a rank resuming at ``low`` will
+    not issue again."""
+    return {r: v for r, v in lows.items() if v < low}
 
 
 def _copies(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
@@ -384,6 +394,7 @@ class ResilientProcessGroup(dist.ProcessGroup):
         self._next_seq = 0
         self._epoch = 0
         self._dropped_upto = -1                # highest seq whose copy the byte cap dropped
+        self._done_hi = -1                     # highest seq completed here on an inner group (not scratch)
         self._warned: set[str] = set()
         self._fault_listeners: list[Callable] = []
         self._issue_listeners: list[Callable] = []
@@ -530,6 +541,15 @@ class ResilientProcessGroup(dist.ProcessGroup):
         """The sequence number of the first collective after the last step boundary."""
         return self._boundary_seq
 
+    def completed_since(self, seq: int) -> bool:
+        """Whether a collective numbered ``seq`` or later has completed here on an inner group
+        (issued again for a peer into scratch outputs, or completed locally in a spare's replay,
+        does not count).  Every rank then issued it; after a step boundary, that means every
+        rank finished the collectives before it (the rule the release of input copies rests on,
+        see "Memory")."""
+        with self._lock:
+            return self._done_hi >= seq
+
     # ---------------------------------------------------------------- a spare taking a rank over
 
     def _join(self, join: Callable, interface: str | None) -> None:
@@ -541,13 +561,41 @@ class ResilientProcessGroup(dist.ProcessGroup):
         others ``low`` as its lowest unfinished collective (so they issue again from there, the
         ones they completed into scratch outputs), builds the inner group with them, and
         completes every collective locally until :meth:`go_live` (it is replaying the script's
-        control flow up to the rank's position; see torch_hooks/handover.py)."""
+        control flow up to the rank's position; see torch_hooks/handover.py).
+
+        Then it reads the other ranks' lows (waiting up to :data:`JOIN_LOWS_WAIT_S`): a rank
+        whose low is below ``low`` still needs a collective the state taken over has already
+        used, which this process cannot issue; the other ranks would re-issue it and pair it
+        with this rank's ``low``, and every later collective with the next one (silently wrong
+        results).  Then, or when the lows are not there in time, ``_join_hook[1](reason)`` is
+        called (the spare's one exit path; it does not return), or without one
+        :class:`RebuildError` is raised."""
         gen, low = join(self)
         prefix = f"linkpass/gen{gen}"
         st = dist.PrefixStore(prefix.rstrip("/") + "/", self._store)
         st.set(f"reissue/{self._rank}", json.dumps({"low": low}))
         self._virtual = True
         self._build(gen, prefix, interface)
+        others = [r for r in range(self._size) if r != self._rank]
+        try:
+            # the others write theirs before they wait for this rank's, so this wait ends (gloo
+            # cannot even connect before: they build only after reading every low)
+            st.wait([f"reissue/{r}" for r in others], datetime.timedelta(seconds=JOIN_LOWS_WAIT_S))
+            lows = {r: int(json.loads(st.get(f"reissue/{r}"))["low"]) for r in others}
+        except Exception as e:  # noqa: BLE001 - one failure path, below
+            why = (f"the other ranks' lowest unfinished collectives were not in the store within {JOIN_LOWS_WAIT_S:g} s "
+                   f"({str(e).splitlines()[0][:160] if str(e) else type(e).__name__})")
+        else:
+            behind, every = peers_behind(lows, low), {**lows, self._rank: low}
+            why = (f"rank(s) {sorted(behind)} of group {self._gname or '?'} have not completed collective seq "
+                   f"{min(behind.values())}, which the state taken over had already completed (it resumes at seq {low}; "
+                   f"lowest unfinished seq per rank: {every}): every later collective would pair with the next one, "
+                   "so this rank stops instead of training on wrong data") if behind else ""
+        if why:
+            fail = _join_hook[1]
+            if fail is not None:
+                fail(why)
+            raise RebuildError(f"linkpass: {why}")
         log.info("group %s: joined generation %d as rank %d; collectives complete locally until the replay reaches "
                  "seq %d", self._gname or "?", gen, self._rank, low)
 
@@ -729,16 +777,7 @@ class ResilientProcessGroup(dist.ProcessGroup):
         self._drop_inner(inner, fds, old_gen)
         if inner is None and self._graveyard:
             inner = self._graveyard[-1]  # aborted before: the group the old work ran on
-        # the old work must be finished (failed, after the socket shutdown) before anything is
-        # issued again: it could still write into the caller's tensors
-        with self._lock:
-            pending = [op for op in self._ops.values() if op.state == "in_flight"]
-        deadline = time.monotonic() + self.abandon_s
-        stuck = [op for op in pending if not op.settled.wait(max(0.0, deadline - time.monotonic()))]
-        if stuck:
-            self._abandon(stuck, inner, old_gen)
-        with self._lock:
-            low = min((s for s, op in self._ops.items() if op.state != "done"), default=self._next_seq)
+        low = self._settle_old(inner, old_gen)
         st = dist.PrefixStore(prefix.rstrip("/") + "/", self._store)
         st.set(f"reissue/{self._rank}", json.dumps({"low": low}))
         keys = [f"reissue/{r}" for r in range(self._size)]
@@ -784,6 +823,32 @@ class ResilientProcessGroup(dist.ProcessGroup):
                     "(+%d completed ones for a peer)", self._gname or "?", self._rank, generation,
                     self.interface or "default device", n_real, start, n_scratch)
         return {k: ev[k] for k in ("generation", "start_seq", "reissued", "reissued_scratch", "interface")}
+
+    def settled_low(self) -> int:
+        """This rank's lowest unfinished collective (its sequence number; the next one's when
+        every one issued completed), once the collectives of the aborted generation have finished: each one
+        still in flight is waited for, ``abandon_s`` in all, then abandoned (:meth:`_abandon`).
+        The value :meth:`rebuild` exchanges as this rank's ``low``.  Call it after :meth:`abort`:
+        the group then stays down, so the value holds until the rebuild (a late completion of
+        an abandoned collective is a stale attempt).  Never raises."""
+        with self._lock:
+            gen = self._gen
+            old = self._graveyard[-1] if self._inner is None and self._graveyard else None
+        return self._settle_old(old, gen)
+
+    def _settle_old(self, inner, gen: int) -> int:
+        """Wait for (or abandon) the collectives in flight on ``inner`` (generation ``gen``, aborted),
+        then the lowest seq not completed here."""
+        # the old work must be finished (failed, after the socket shutdown) before anything is
+        # issued again: it could still write into the caller's tensors
+        with self._lock:
+            pending = [op for op in self._ops.values() if op.state == "in_flight"]
+        deadline = time.monotonic() + self.abandon_s
+        stuck = [op for op in pending if not op.settled.wait(max(0.0, deadline - time.monotonic()))]
+        if stuck:
+            self._abandon(stuck, inner, gen)
+        with self._lock:
+            return min((s for s, op in self._ops.items() if op.state != "done"), default=self._next_seq)
 
     def _abandon(self, stuck: list[_Op], inner, gen: int) -> None:
         """Old collectives that did not finish ``abandon_s`` after the abort.
@@ -989,6 +1054,7 @@ class ResilientProcessGroup(dist.ProcessGroup):
                 return  # a stale attempt
             if err is None:
                 op.state = "done"
+                self._done_hi = max(self._done_hi, op.seq)
                 self._hold(op, copy)
                 self._retire(op.epoch)
             else:
@@ -1235,9 +1301,10 @@ def _leak(obj) -> None:
     _LEAKED.append(obj)
     ctypes.pythonapi.Py_IncRef(ctypes.py_object(obj))
 _group_listeners: list[Callable[[ResilientProcessGroup], None]] = []
-#: set by a spare taking a rank over (torch_hooks.handover): every wrapper it creates joins the
-#: job's current generation instead of building generation 0 (see ResilientProcessGroup._join)
-_join_hook: list = [None]
+#: set by a spare taking a rank over (torch_hooks.handover): ``[join, fail]``, every wrapper it
+#: creates joins the job's current generation instead of building generation 0, and ``fail(reason)``
+#: (None: raise) when it cannot (see ResilientProcessGroup._join)
+_join_hook: list = [None, None]
 #: per thread: ``ddp_bucket_sync`` is set while DDP's reducer rebuilds its buckets (see
 #: ResilientProcessGroup._bucket_sync; torch_hooks.tracker sets it)
 _capture = threading.local()

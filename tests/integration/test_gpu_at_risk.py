@@ -148,3 +148,70 @@ def test_with_no_spare_the_rank_says_why_and_training_goes_on(tmp_path):
     bad = [r for r in fake.reports if r.get("event") == "at_risk_unmovable"]
     assert len(bad) == 1 and "no spare" in bad[0]["reason"], fake.reports
     assert all(r["steps"] == 128 for r in _reports(d))
+
+
+# Forces the ordering of a CI failure (1 run in ~10 under CPU load): rank 1 has completed allreduce
+# K (it got all of rank 0's data), taken its optimizer step and issued K+1, while rank 0's gloo
+# thread has not yet delivered K (rank 1's last segment unread) when the hand-over's abort makes it
+# fail.  Rank 0's lowest unfinished collective is then K, the spare's (rank 1's step boundary) K+1.
+LAGGING_PEER = '''
+import os, threading
+
+K = int(os.environ["HOLD_ALLREDUCE_SEQ"])
+if os.environ.get("RANK") in ("0", "1") and os.environ.get("LINKPASS_SPARE") != "1":
+    from torch_hooks import pg
+
+    settle, issue = pg.ResilientProcessGroup._settle, pg.ResilientProcessGroup._issue
+
+    def settle_after_the_abort(self, op, attempt, scratch, err):
+        if os.environ["RANK"] == "0" and op.kind == "allreduce" and op.seq == K and attempt == 1 and not scratch:
+            open("held", "w").close()
+            pause = threading.Event()
+            while self._state == "ready":  # until the hand-over aborts the group
+                pause.wait(0.005)
+            err = RuntimeError("rank 1's last segment of this allreduce was not read before the abort")
+        return settle(self, op, attempt, scratch, err)
+
+    def issue_seen(self, op, scratch=False):
+        if os.environ["RANK"] == "1" and op.seq == K + 1 and op.attempt == 0:
+            open("issued", "w").close()  # rank 1 is past its step boundary: it stepped after K
+        return issue(self, op, scratch)
+
+    pg.ResilientProcessGroup._settle, pg.ResilientProcessGroup._issue = settle_after_the_abort, issue_seen
+'''
+
+
+def test_a_rank_that_hands_over_a_step_ahead_of_its_peer_loses_no_step_and_ends_cleanly(tmp_path):
+    """The planned hand-over while the peer still needs a collective the moving rank completed:
+    the spare must not start one collective ahead of the peer (every later allreduce would pair
+    with the next step's, and at the end the peer's last one has no partner: "Connection reset by
+    peer" when the spare exits, a rebuild nobody answers, SIGSEGV)."""
+    args = ["--epochs", "2", "--samples", "8192", "--batch-size", "32"]
+    ref, rd = _job(tmp_path, "ref", DDP, args, ["--no-daemon"])
+    assert _wait(ref, rd) == 0, (rd / "log").read_text()[-3000:]
+    shim = tmp_path / "shim"
+    shim.mkdir()
+    (shim / "sitecustomize.py").write_text(LAGGING_PEER)  # chained by the hook's own sitecustomize
+    sock = str(tmp_path / "hooks.sock")
+    fake = FakeHooksSocket(sock)
+    try:
+        d = tmp_path / "lag"
+        d.mkdir()
+        e = dict(os.environ, LINKPASS_JOB="lag", LINKPASS_REPORT=str(d / "r{rank}.json"),
+                 LINKPASS_PROGRESS=str(d / "p{rank}"), LINKPASS_JOBS_DIR=str(tmp_path / "jobs"), OMP_NUM_THREADS="1",
+                 PYTHONPATH=os.pathsep.join([str(ROOT), str(shim)]), LINKPASS_HOOKS_SOCKET=sock,
+                 HOLD_ALLREDUCE_SEQ="50")
+        cmd = LINKPASS + ["exec", "--no-live", "--spares", "1", "--", sys.executable, "-m", "torch.distributed.run",
+                          "--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port", str(_port()),
+                          "--max-restarts", "0", str(DDP), *args]
+        p = subprocess.Popen(cmd, cwd=d, env=e, stdout=open(d / "log", "w"), stderr=subprocess.STDOUT)
+        wait_until(lambda: ((d / "held").exists() and (d / "issued").exists() and 1 in fake.by_rank)
+                   or p.poll() is not None, 180, "rank 0 held in allreduce 50, rank 1 past its boundary")
+        fake.at_risk(1)
+        assert _wait(p, d) == 0, (d / "log").read_text()[-4000:]
+    finally:
+        fake.close()
+    text = (d / "log").read_text(errors="replace")
+    assert "hands over to spare" in text, text[-3000:]
+    for x, y in zip(_reports(d), _reports(rd)):
+        assert x["steps"] == y["steps"] and x["weights_sha256"] == y["weights_sha256"], (x["rank"], text[-3000:])

@@ -81,3 +81,18 @@ def test_the_kernel_s_word_on_the_latched_rail_s_netdev(tmp_path, monkeypatch):
     assert c.netdev_down("nocarrier") is True and c.netdev_down("lower") is True and c.netdev_down("down") is True
     # unknown here: the daemon's notice decides
     assert c.netdev_down("absent") is False and c.netdev_down(None) is False and c.netdev_down("../up0") is False
+
+
+def test_a_peer_that_left_the_job_ends_the_wait_for_its_proposal_at_once_with_the_reason():
+    ranks = _ranks(dist.HashStore())
+    ranks[1]._kv = ranks[1]._kv_wait
+    ranks[1].mark_left()  # rank 1's script ended: its process is exiting
+    with pytest.raises(RuntimeError, match=r"rank\(s\) \[1\] left the job .* rebuild epoch 1"):
+        ranks[0]._agree(ranks[0]._kv_wait, 1, {"rank": 0, "trigger": "collective_error"})
+
+
+def test_a_peer_that_neither_proposes_nor_left_is_named_after_the_timeout():
+    ranks = _ranks(dist.HashStore())
+    ranks[0].s.rebuild_timeout_s = 0.2
+    with pytest.raises(RuntimeError, match=r"ranks \[1\] did not join rebuild epoch 1 within"):
+        ranks[0]._agree(ranks[0]._kv_wait, 1, {"rank": 0, "trigger": "collective_error"})

@@ -391,6 +391,21 @@ def test_an_aborted_group_never_rebuilt_fails_its_work_after_the_grace(solo_grou
         g.allreduce([torch.ones(2)]).wait()
 
 
+def test_the_settled_low_and_what_has_completed_since_a_seq(solo_group):
+    import torch
+
+    g = solo_group()
+    assert g.settled_low() == 0 and not g.completed_since(0)
+    g.allreduce([torch.ones(2)]).wait()
+    assert g.completed_since(0) and not g.completed_since(1) and g.settled_low() == 1
+    g.abort()
+    w = g.allreduce([torch.ones(2)])                    # queued while the group is down: not completed
+    assert g.settled_low() == 1 and not g.completed_since(1)
+    assert g.rebuild(1)["start_seq"] == 1               # the value the rebuild exchanges
+    w.wait()
+    assert g.completed_since(1)
+
+
 class _FailingInner:
     """Stands in for an inner group whose collectives fail (a dead link)."""
 
