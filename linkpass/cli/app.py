@@ -217,6 +217,10 @@ def _print_status(st: dict) -> None:
 def cmd_demo(args) -> int:
     from linkpass.lab.demo import DemoError, main as demo_main
 
+    fh, hosts = getattr(args, "fault_host", None), getattr(args, "hosts", None)
+    if isinstance(fh, int) and isinstance(hosts, int) and not 0 <= fh < hosts:
+        # every scenario, before any fabric is built (the default one used to ignore it)
+        return _die(f"demo: --fault-host must be 0..{hosts - 1} or all, got {fh}", 2)
     try:
         return demo_main(args)
     except DemoError as e:

@@ -37,6 +37,10 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from linkpass.cli.argtypes import MAX_GPU_INDEX, gpu_index, int_range, one_line_errors
+
+#: spares per worker: each is a full copy of the worker process (torch imported, its memory),
+#: so more than a handful per GPU worker is a typo, not a plan
+MAX_SPARES = 8
 from linkpass.core.nccl_env import (
     FORMATS,
     NcclEnv,
@@ -480,9 +484,9 @@ def register(subparsers) -> None:
     e = subparsers.add_parser("exec", help="run a command with the NCCL environment added (for torchrun and other launchers)")
     e.add_argument("--local-rank", type=_local_rank, metavar="N",
                    help=f"local rank, 0..{MAX_GPU_INDEX} (default: LOCAL_RANK from the environment)")
-    e.add_argument("--spares", type=_nonneg, default=0, metavar="N",
-                   help="warm spare processes per worker: copies of the worker, torch imported, no NCCL yet, that take "
-                   "over a rank whose GPU failed or whose rail its latched NCCL cannot leave")
+    e.add_argument("--spares", type=int_range(0, MAX_SPARES), default=0, metavar="N",
+                   help=f"warm spare processes per worker, 0..{MAX_SPARES}: copies of the worker, torch imported, no NCCL "
+                   "yet, that take over a rank whose GPU failed or whose rail its latched NCCL cannot leave")
     e.add_argument("--latched", action="store_true",
                    help="gloo behaves as NCCL does: no in-process rail change, a spare takes the rank (for tests and demos)")
     e.add_argument("--resume", metavar="DIR", help="every rank restores from this snapshot (or the newest complete one "

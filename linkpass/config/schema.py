@@ -537,6 +537,22 @@ def cross_field_problems(daemon: DaemonSection | None, rails: list[RailSection |
         if own_ip is not None and p.host_ip is not None and p.host_ip == own_ip:
             # a route to our own address via a rail would take this host's traffic off itself
             out.append(f"peers: peer {p.name} has this host's own host_ip {own_ip}")
+    # one address given to two peers (a copy-paste slip): routes and probes for one of them would
+    # go to the other, and this host could not tell them apart
+    host_ips = [str(p.host_ip) for _, p in valid_peers if p.host_ip is not None]
+    if len(set(host_ips)) != len(host_ips):
+        out.append(f"peers: host_ip used by two peers in {_shown(host_ips)}")
+    seen_rail_ip: dict[str, str] = {}
+    for i, p in valid_peers:
+        for rid, ip in sorted(p.rail_ips.items()):
+            other = seen_rail_ip.setdefault(str(ip), p.name)
+            if other != p.name:
+                out.append(f"peers[{i}].rail_ips: {ip} (rail {rid}) is also peer {other}'s address")
+    own_rail_ips = {str(r.address) for r in valid_rails if r.address is not None}
+    for i, p in valid_peers:
+        mine = sorted(str(ip) for ip in p.rail_ips.values() if str(ip) in own_rail_ips)
+        if mine:
+            out.append(f"peers[{i}].rail_ips: {', '.join(mine)} is this host's own rail address")
     rails_known = rails is not None and topology is not None and len(valid_rails) == len(rails)
     for i, p in valid_peers:
         if daemon is not None and daemon.mode == "host-ip" and p.host_ip is None:

@@ -201,3 +201,31 @@ def test_topology_capture_missing_sysfs_root_is_bad_input(tmp_path):
                         "--sysfs-root", str(tmp_path / "nope")], capture_output=True, text=True, cwd=ROOT, timeout=60)
     one_line_exit_2(p.returncode, p.stdout, p.stderr, f"--sysfs-root {tmp_path / 'nope'}: no such directory")
     assert not (tmp_path / "o").exists()
+
+
+# ----------------------------------------------------------------------------- a fresh user's finds
+
+
+def test_exec_spares_beyond_a_handful_is_refused(capsys):
+    rc, out, err = run(capsys, "exec", "--no-daemon", "--spares", "100000", "--", "true")
+    one_line_exit_2(rc, out, err, "--spares", "100000", "0 to 8")
+
+
+@pytest.mark.parametrize("fh", ["7", "-1"])
+def test_demo_fault_host_out_of_range_is_refused_in_the_default_scenario(capsys, fh):
+    rc, out, err = run(capsys, "demo", "--hosts", "2", "--fault-host", fh)
+    one_line_exit_2(rc, out, err, "--fault-host must be 0..1", fh)
+    assert out == ""  # nothing built or started
+
+
+def test_config_check_finds_one_address_given_to_two_peers_and_a_peer_with_our_own(tmp_path, capsys):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('[daemon]\nhost = "h0"\nmode = "per-rail-ip"\n'
+                   '[[rails]]\nid = 0\nnetdev = "rail0"\naddress = "198.18.0.1"\n'
+                   '[[peers]]\nname = "h1"\nrail_ips = { "0" = "198.18.0.2" }\n'
+                   '[[peers]]\nname = "h2"\nrail_ips = { "0" = "198.18.0.2" }\n'
+                   '[[peers]]\nname = "h3"\nrail_ips = { "0" = "198.18.0.1" }\n')
+    rc, out, err = run(capsys, "config", "check", str(cfg))
+    assert rc == 2 and "Traceback" not in err, err
+    assert "peers[1].rail_ips: 198.18.0.2 (rail 0) is also peer h1's address" in err, err
+    assert "peers[2].rail_ips: 198.18.0.1 is this host's own rail address" in err, err
