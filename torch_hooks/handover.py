@@ -97,12 +97,8 @@ def spawn_spares(n: int) -> list[subprocess.Popen]:
     """Start ``n`` copies of this worker as warm spares (same command line and environment,
     plus ``LINKPASS_SPARE=1``).  They are this process's children: after a hand-over the
     proxy this process becomes waits for the one that took its rank."""
-    import threading
-
     argv = list(getattr(sys, "orig_argv", []) or [sys.executable] + sys.argv)
-    # a waiting spare dies with this worker (see _die_with_parent); only when started from the
-    # main thread: the kernel's signal comes when the *thread* that forked it exits
-    parent = {"LINKPASS_SPARE_PARENT": str(os.getpid())} if threading.current_thread() is threading.main_thread() else {}
+    parent = {"LINKPASS_SPARE_PARENT": str(os.getpid())}  # a waiting spare leaves with this worker (_watch_parent)
     out, pipes = [], []
     for _ in range(n):
         r, w = os.pipe()
@@ -120,22 +116,24 @@ def spawn_spares(n: int) -> list[subprocess.Popen]:
     return out
 
 
-#: prctl(2) option (include/uapi/linux/prctl.h): the signal this process gets when the thread
-#: that started it exits
-PR_SET_PDEATHSIG = 1
+#: how often a waiting spare checks that the worker that started it still runs (s)
+PARENT_CHECK_S = 1.0
 
 
-def _die_with_parent(sig: int) -> bool:
-    """Have the kernel send ``sig`` to this process when its parent exits (``sig`` 0: no longer),
-    prctl(PR_SET_PDEATHSIG).  A warm spare must not outlive the worker that started it: a job
-    that fails before any hand-over leaves its spares waiting for an assignment otherwise (up
-    to ``LINKPASS_SPARE_WAIT_S``), holding memory.  False where prctl is not available."""
-    try:
-        import ctypes
+def _watch_parent(parent: int, assigned: "threading.Event") -> None:
+    """A waiting spare must not outlive the worker that started it: a job that fails before any
+    hand-over would leave it waiting for an assignment (up to ``LINKPASS_SPARE_WAIT_S``),
+    holding its memory, while the job's store is still up.  Exits this process once its parent
+    is no longer ``parent`` (the worker exited; we were re-parented), until ``assigned``.
 
-        return ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0) == 0
-    except (OSError, AttributeError):
-        return False
+    A check of the parent pid, not prctl(PR_SET_PDEATHSIG): that signal comes when the *thread*
+    that started the spare ends, and a hand-over's execve into the proxy, from the controller
+    thread, ends the main thread that started it (the pid stays the worker's)."""
+    while not assigned.wait(PARENT_CHECK_S):
+        if os.getppid() != parent:
+            print(f"linkpass: spare (pid {os.getpid()}): its worker (pid {parent}) has exited; the spare leaves too",
+                  file=sys.stderr, flush=True)
+            os._exit(0)
 
 
 #: how long a worker waits for its spares to be listed before its script starts (s): a fault in
@@ -296,16 +294,18 @@ def run_spare(settings: Any, tracker: Any, controller: Any) -> None:
     """The spare's life before the script runs: wait for an assignment, then prepare the
     replay.  Returns to let the script run as the assigned rank; exits quietly (status 0) when
     no rank needed it."""
-    import signal
-
     import torch.distributed as dist
 
     from torch_hooks.pg import job_store
     from torch_hooks.spare import Spare
 
+    import threading
+
     parent = os.environ.pop("LINKPASS_SPARE_PARENT", "")
-    if parent.isdigit() and _die_with_parent(signal.SIGTERM) and os.getppid() != int(parent):
-        os._exit(0)  # the worker is gone already (before the signal was set up): nothing to wait for
+    assigned = threading.Event()
+    if parent.isdigit():
+        threading.Thread(target=_watch_parent, args=(int(parent), assigned), name="linkpass-spare-parent",
+                         daemon=True).start()
     script = sys.argv[0] if sys.argv and sys.argv[0] not in ("", "-c", "-m") else ""
     if script:
         _preimport(script)
@@ -331,8 +331,7 @@ def run_spare(settings: Any, tracker: Any, controller: Any) -> None:
     if a is None:
         log.info("spare %d retires (%s)", sp.id, sp.retired)
         os._exit(0)
-    if parent:
-        _die_with_parent(0)  # now the rank: its life is the job's, not the old worker's (the proxy waits for it)
+    assigned.set()  # now the rank: its life is the job's (the old worker, now its proxy, waits for it)
     t_assigned = time.monotonic_ns()
     kv = job_store(sp.store, settings.job)
     ho = json.loads(kv.get(f"handover/{a.epoch}/{a.rank}"))
