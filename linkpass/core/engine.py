@@ -983,13 +983,13 @@ class Engine:
                     out.add(d)
                 continue
             need = 2.0 if d in self._avoided else 4.0
-            lost = n = 0.0
+            lost, n = 0.0, 0  # the pool's lost results and results
             for b in usable:
                 lb = self.loss.get(b)
                 if b != d and b not in self.degraded and lb is not None and lb[1] >= 20:
                     lost += lb[0] * lb[1]
                     n += lb[1]
-            if n and _two_proportion_z(self.loss[d], (lost / n, int(n))) >= need:
+            if n and _two_proportion_z(self.loss[d], (lost / n, n)) >= need:
                 out.add(d)
         return frozenset(out)
 
