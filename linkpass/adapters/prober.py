@@ -54,6 +54,7 @@ import asyncio
 import hashlib
 import errno
 import logging
+import os
 import select
 import socket
 import struct
@@ -65,6 +66,11 @@ from linkpass.config import Config
 from linkpass.core import probe as wire
 from linkpass.core.model import Event, ProbeResult
 from linkpass.core.probe_filter import ProbeFilter
+
+try:  # the C datagram path, built by `make install` (setup.py); without it the Python one runs
+    from linkpass.adapters import _probe_io as native_io
+except ImportError:  # pragma: no cover - depends on the build
+    native_io = None
 
 log = logging.getLogger("linkpass.prober")
 
@@ -124,6 +130,21 @@ def rail_paths(cfg: Config) -> dict[int, list[str]]:
     return {r.id: [name for name in order if r.id in rails_of[name]] for r in cfg.rails}
 
 
+def native_datapath(cfg: Config) -> bool:
+    """Whether the prober reads and answers through :mod:`linkpass.adapters._probe_io`:
+    ``[probe] datapath`` "c" or "auto" and the module built (else the Python path).
+
+    Raises:
+        RuntimeError: "c" asked for and the module was not built."""
+    want = cfg.probe.datapath
+    if want == "python":
+        return False
+    if native_io is None and want == "c":
+        raise RuntimeError("[probe] datapath = \"c\", but linkpass.adapters._probe_io was not built "
+                           "(`make install` builds it; it needs gcc, the Python headers and libssl-dev)")
+    return native_io is not None
+
+
 class Prober:
     """Sends probes over every rail, answers peers' probes, posts :class:`ProbeResult` events.
 
@@ -163,6 +184,9 @@ class Prober:
         self._answered_fast: Callable[..., None] | None = None
         self.clock = clock
         self.counters: Counter[str] = Counter()
+        self.native = native_datapath(cfg)
+        self._host_bytes, self._host_of = b"", None
+        self._names_b: dict[str, bytes] = {}
         self.guard = wire.ReplyGuard()
         self.req_guard = wire.RequestGuard()
         self.loop_lag_max_ns = 0
@@ -209,6 +233,23 @@ class Prober:
                              priority=self._priority)
 
     @property
+    def _host_b(self) -> bytes:
+        """This host's name as the wire carries it (UTF-8)."""
+        cfg = self.cfg
+        if self._host_of is not cfg:
+            self._host_bytes, self._host_of = cfg.daemon.host.encode(), cfg
+        return self._host_bytes
+
+    def _peer_b(self, name: str) -> bytes:
+        """A peer's name as the wire carries it (UTF-8; cached: encoded thousands of times a second)."""
+        b = self._names_b.get(name)
+        if b is None:
+            if len(self._names_b) >= 65536:
+                self._names_b.clear()
+            b = self._names_b[name] = name.encode()
+        return b
+
+    @property
     def lag_void_ns(self) -> int:
         """Timer lateness (ns) above which the prober's own verdicts of that turn are void: half
         an interval (the loop was busy elsewhere: replies it did not see in time may sit
@@ -240,6 +281,11 @@ class Prober:
         (a bind failure is logged and counted in ``socket_errors``, never raised)."""
         old = self.cfg
         self.cfg, self.key = cfg, key
+        try:
+            self.native = native_datapath(cfg)
+        except RuntimeError as e:  # "c" without the module: keep probing, in Python
+            self.native = False
+            log.error("%s; probing with the Python datapath", e)
         now = self.clock()
         p = cfg.probe
         self.schedule.set_timing(interval_ns=p.interval_ms * 1_000_000, slow_interval_ns=p.slow_interval_ms * 1_000_000,
@@ -637,17 +683,24 @@ class Prober:
         if ip is None or sock is None:
             self.counters["send_errors"] += 1
             return
-        data = wire.encode(wire.Probe(wire.REQUEST, self.cfg.daemon.host, s.peer, s.rail, seq, now,
-                                      self._reply_seq.get((s.rail, s.peer), 0)), self.key)
-        try:
-            sock.sendto(data, (ip, self.cfg.probe.port))
-        except OSError as e:
+        ack = self._reply_seq.get((s.rail, s.peer), 0)
+        if self.native:
+            err = native_io.send_probe(sock.fileno(), ip, self.cfg.probe.port, self.key, wire.REQUEST, self._host_b,
+                                       self._peer_b(s.peer), s.rail, seq, now, ack)
+        else:
+            err = 0
+            try:
+                sock.sendto(wire.encode(wire.Probe(wire.REQUEST, self.cfg.daemon.host, s.peer, s.rail, seq, now, ack), self.key),
+                            (ip, self.cfg.probe.port))
+            except OSError as e:
+                err = e.errno or -1
+        if err:
             self.counters["send_errors"] += 1
-            if e.errno in _GONE:  # the netdev went away: rebind when it is back
+            if err in _GONE:  # the netdev went away: rebind when it is back
                 self._close_rail(s.rail)
             n = self.counters["send_errors"]
             if n <= 10 or n % 1000 == 0:
-                log.debug("probe to %s on rail %d failed (%d so far): %s", ip, s.rail, n, e)
+                log.debug("probe to %s on rail %d failed (%d so far): %s", ip, s.rail, n, os.strerror(err) if err > 0 else "error")
             return
         self.counters["sent"] += 1
 
@@ -657,6 +710,8 @@ class Prober:
         """Read and handle up to ``limit`` queued datagrams; returns how many were read.
         ``offset``: CLOCK_REALTIME - CLOCK_MONOTONIC (ns) if the caller has read it (else read
         here, once per call, at the first timestamp)."""
+        if self.native:
+            return self._read_native(sock, limit, offset)
         n = 0
         while n < limit:
             try:
@@ -680,6 +735,41 @@ class Prober:
                     self._count_drops(sock, _U32.unpack_from(cdata)[0])
             self.on_datagram(data, addr, arrival)
         return n
+
+    def _read_native(self, sock: socket.socket, limit: int, offset: int | None) -> int:
+        """:meth:`_read` through :mod:`linkpass.adapters._probe_io`: one recvmmsg(2) per 64
+        datagrams, and the MAC check and parse in C.  What C did not accept in full comes back
+        raw and goes through :meth:`on_datagram` (the same rejection kinds and messages)."""
+        items, ovfl, err = native_io.recv_batch(sock.fileno(), self.key, self._host_b, limit)
+        if ovfl >= 0:
+            self._count_drops(sock, ovfl)
+        if err:
+            log.debug("probe socket error: %s", os.strerror(err))
+        if not items:
+            return 0
+        if offset is None:
+            offset = time.time_ns() - self.clock()
+        now = self.clock()
+        for it in items:
+            rt = it[-1]
+            arrival = rt - offset if rt else None
+            kind = it[0]
+            if kind == 0:
+                self.on_datagram(it[1], it[2], arrival)
+                continue
+            # a kernel time from the future or from before a wall-clock step is not believed
+            t = now if arrival is None or not now - 10_000_000_000 < arrival <= now else arrival
+            p = wire.Probe(kind, it[1], self.cfg.daemon.host, it[2], it[3], it[4], it[5])
+            try:
+                if kind == wire.REQUEST:
+                    self._on_request(p, it[6], t)
+                else:
+                    self._on_reply(p, t)
+            except wire.ProbeError as e:
+                self._reject(e.kind, it[6], e)
+            except Exception as e:  # noqa: BLE001 - never let a datagram kill the daemon
+                self._reject("malformed", it[6], e)
+        return len(items)
 
     def _count_drops(self, sock: socket.socket, total: int) -> None:
         fd = sock.fileno()
@@ -727,17 +817,29 @@ class Prober:
             if p.target != self.cfg.daemon.host:
                 raise wire.ProbeError("misaddressed", f"probe for {p.target!r}, this host is {self.cfg.daemon.host!r}")
             if p.type == wire.REQUEST:
-                self.req_guard.check(p)
-                self._answer(p, addr)
-                self._proof(p, t)
-                return
-            pend = self.guard.check(p, t)
+                self._on_request(p, addr, t)
+            else:
+                self._on_reply(p, t)
         except wire.ProbeError as e:
             self._reject(e.kind, addr, e)
-            return
         except Exception as e:  # noqa: BLE001 - never let a datagram kill the daemon
             self._reject("malformed", addr, e)
-            return
+
+    def _on_request(self, p: wire.Probe, addr, t: int) -> None:
+        """An authentic request addressed to us, received at ``t``: answer it, take its proof.
+
+        Raises:
+            ProbeError: ``replay`` (the request guard)."""
+        self.req_guard.check(p)
+        self._answer(p, addr)
+        self._proof(p, t)
+
+    def _on_reply(self, p: wire.Probe, t: int) -> None:
+        """An authentic reply addressed to us, received at ``t``.
+
+        Raises:
+            ProbeError: from :meth:`linkpass.core.probe.ReplyGuard.check`."""
+        pend = self.guard.check(p, t)
         key = (pend.rail, pend.peer)
         # earlier probes of this path whose deadline passed before this reply arrived are lost
         # before it counts (the engine sees the path's results in order)
@@ -801,7 +903,6 @@ class Prober:
             log.warning("probe datagram from %s:%s dropped (%s, %d so far): %s", addr[0], addr[1], kind, n, err)
 
     def _answer(self, req: wire.Probe, addr) -> None:
-        data = wire.encode(req.reply(), self.key)
         if self._rail_ids_of is not self.cfg:
             self._rail_ids, self._rail_ids_of = frozenset(r.id for r in self.cfg.rails), self.cfg
         sock = self._rail_sock(req.rail) if req.rail in self._rail_ids else None
@@ -809,11 +910,18 @@ class Prober:
         if out is None:  # closed, or no socket yet
             self.counters["answer_errors"] += 1
             return
-        try:
-            out.sendto(data, addr)
-        except OSError as e:
+        if self.native:
+            err = native_io.send_probe(out.fileno(), addr[0], addr[1], self.key, wire.REPLY, self._host_b, self._peer_b(req.sender),
+                                       req.rail, req.seq, req.ts_ns, 0)
+        else:
+            err = 0
+            try:
+                out.sendto(wire.encode(req.reply(), self.key), addr)
+            except OSError as e:
+                err = e.errno or -1
+        if err:
             self.counters["answer_errors"] += 1
-            if sock is not None and e.errno in _GONE:
+            if sock is not None and err in _GONE:
                 self._close_rail(req.rail)
             return
         self.counters["answered"] += 1

@@ -72,13 +72,13 @@ print(json.dumps(sent))
 """
 
 
-@pytest.fixture
-def pair(tmp_path):
+@pytest.fixture(params=["c", "python"])
+def pair(tmp_path, request):
     c = Cluster(hosts=2, rails=2, hold_down_ms=300, tmp=tmp_path)
     try:
-        for h in c.desc["hosts"]:  # relaxed timing on 2 shared cores (see test_gray_failures)
+        for h in c.desc["hosts"]:  # relaxed timing on 2 shared cores (see test_gray_failures); both datagram paths
             with open(h["config"], "a") as f:
-                f.write("\n[probe]\ninterval_ms = 20\ndetect_multiplier = 5\n")
+                f.write(f'\n[probe]\ninterval_ms = 20\ndetect_multiplier = 5\ndatapath = "{request.param}"\n')
         c.start_all()
         wait_for(lambda: all(len(c.status(i)["paths"]) == 2 and all(p["state"] == "UP" for p in c.status(i)["paths"])
                              for i in range(2)), timeout=10, what="all paths UP")

@@ -126,12 +126,16 @@ def _wait_results(runs: list["_Run"], since_ns: int, n: int, rails=(0, 1), what:
             wait_until(lambda: r.count(rail, peer, since_ns) >= n, 20, f"h{i}: {n} results on rail {rail} ({what})")
 
 
-def test_prober_on_the_fabric():
+@pytest.mark.parametrize("datapath", ["c", "python"])
+def test_prober_on_the_fabric(datapath):
     name = "pr" + secrets.token_hex(4)
     runs: list[_Run] = []
     try:
         desc = fab.up(2, 2, name)
         key = desc["notice_key_file"]
+        for h in desc["hosts"]:  # both datagram paths make the same decisions
+            with open(h["config"], "a") as f:
+                f.write(f'\n[probe]\ndatapath = "{datapath}"\n')
         for h in desc["hosts"]:
             runs.append(_Run(h["netns"], h["config"], key))
         for r in runs:  # wait until both run

@@ -456,6 +456,7 @@ name = "h1"
 rail_ips = {{ "0" = "198.18.0.2", "1" = "198.18.1.2" }}
 [probe]
 fast_peers = 1
+datapath = "python"  # these tests hand the prober objects with sendto() only, not sockets
 """)
     clock = [1_000 * MS]
     events = []
@@ -649,6 +650,7 @@ name = "{other}"
 rail_ips = {{ "0" = "198.18.0.{theirs}" }}
 [probe]
 interval_ms = {interval_ms}
+datapath = "python"  # the wire is objects with sendto(), not sockets
 """)
         events[me] = []
         pr = Prober(cfg, KEY, events[me].append, clock=lambda: clock[0])

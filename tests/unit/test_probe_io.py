@@ -1,0 +1,189 @@
+"""The C probe datapath (linkpass.adapters._probe_io) against the Python wire code, over real
+UDP sockets on loopback: what C accepts it parses exactly as :func:`linkpass.core.probe.decode`
+does, everything else comes back raw and byte for byte, and what it sends is what
+:func:`linkpass.core.probe.encode` makes."""
+
+from __future__ import annotations
+
+import errno
+import socket
+import time
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from linkpass.adapters import prober as prober_mod
+from linkpass.core.probe import MAX_LEN, REPLY, REQUEST, Probe, ProbeError, decode, encode
+
+KEY = b"k" * 32
+HOST = "h0"
+
+
+def test_make_install_built_the_c_datapath():
+    # `make install` installs gcc, the Python headers and libssl-dev and builds it (setup.py);
+    # without it every test below would run nothing of the C code
+    assert prober_mod.native_io is not None, "linkpass.adapters._probe_io is not built: run `make install`"
+
+
+native = prober_mod.native_io
+
+
+@pytest.fixture
+def pair():
+    rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    rx.bind(("127.0.0.1", 0))
+    rx.setblocking(False)
+    rx.setsockopt(socket.SOL_SOCKET, prober_mod.SO_TIMESTAMPNS, 1)
+    tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    tx.bind(("127.0.0.1", 0))
+    tx.setblocking(False)
+    yield rx, tx
+    rx.close()
+    tx.close()
+
+
+def _read_all(rx, n, key=KEY, host=HOST):
+    """Every item of ``n`` datagrams sent to ``rx`` (loopback delivers them before sendto returns)."""
+    items, ovfl, err = native.recv_batch(rx.fileno(), key, host.encode(), 1000)
+    assert err == 0 and len(items) == n, (err, items)
+    return items, ovfl
+
+
+def _python_view(data: bytes):
+    """What the Python decoder makes of ``data`` addressed to HOST: a Probe, or None (rejected)."""
+    try:
+        p = decode(data, KEY)
+    except ProbeError:
+        return None
+    return p if p.target == HOST else None
+
+
+GOOD = [
+    Probe(REQUEST, "h1", HOST, 0, 1, 2, 3),
+    Probe(REPLY, "h1", HOST, 65535, 2**64 - 1, 2**64 - 1, 0),
+    Probe(REQUEST, "n" * 64, HOST, 7, 10**18, 5, 2**63),
+    Probe(REQUEST, "hôte-ü", HOST, 1, 1, 1, 1),  # UTF-8 names
+]
+
+
+def _bad() -> list[bytes]:
+    good = encode(GOOD[0], KEY)
+    body = bytearray(good)
+    body[-1] ^= 1  # MAC flipped
+    return [
+        b"", b"LPP2", good[:-1], good[:40], bytes(body),
+        encode(GOOD[0], b"another key"),
+        b"LPP1" + good[4:],
+        encode(Probe(REQUEST, "h1", "h9", 0, 1, 2, 3), KEY),  # another target
+        good + b"\0" * (MAX_LEN + 1 - len(good)),
+        b"\xff" * 1400,  # longer than the read buffer: truncated, still rejected as oversized
+    ]
+
+
+def test_accepted_probes_parse_as_the_python_decoder_and_the_rest_come_back_raw(pair):
+    rx, tx = pair
+    dgrams = [encode(p, KEY) for p in GOOD] + _bad()
+    for d in dgrams:
+        tx.sendto(d, rx.getsockname())
+    before = time.time_ns()
+    items, ovfl = _read_all(rx, len(dgrams))
+    assert ovfl == -1  # SO_RXQ_OVFL not asked for on this socket
+    port = tx.getsockname()[1]
+    for d, it in zip(dgrams, items):
+        want = _python_view(d)
+        if want is None:
+            kind, raw, addr, rt = it
+            assert kind == 0 and raw == d[:512] and addr == ("127.0.0.1", port)
+        else:
+            kind, sender, rail, seq, ts, ack, addr, rt = it
+            assert Probe(kind, sender, HOST, rail, seq, ts, ack) == want and addr == ("127.0.0.1", port)
+        assert 0 < rt <= time.time_ns() and rt > before - 10_000_000_000  # the kernel's receive time
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=300), st.integers(0, 255), st.sampled_from([0, 4, 5, 6, 70]))
+def test_any_bytes_are_parsed_as_python_would_or_handed_back(data, byte, at):
+    rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        rx.bind(("127.0.0.1", 0))
+        rx.setblocking(False)
+        good = bytearray(encode(Probe(REQUEST, "h1", HOST, 3, 4, 5, 6), KEY))
+        if at < len(good):
+            good[at] = byte  # one field changed, MAC not: rejected unless the byte was the same
+        for d in (data, bytes(good), b"LPP2" + data):
+            tx.sendto(d, rx.getsockname())
+        items, _ = _read_all(rx, 3)
+        for d, it in zip((data, bytes(good), b"LPP2" + data), items):
+            want = _python_view(d)
+            if want is None:
+                assert it[0] == 0 and it[1] == d
+            else:
+                assert Probe(it[0], it[1], HOST, *it[2:6]) == want
+    finally:
+        rx.close()
+        tx.close()
+
+
+@pytest.mark.parametrize("p", GOOD + [Probe(REPLY, HOST, "h1", 2, 3, 4, 0)])
+def test_sent_probes_are_the_python_encoders_bytes(pair, p):
+    rx, tx = pair
+    ip, port = rx.getsockname()
+    assert native.send_probe(tx.fileno(), ip, port, KEY, p.type, p.sender.encode(), p.target.encode(),
+                             p.rail, p.seq, p.ts_ns, p.ack) == 0
+    assert rx.recv(1000) == encode(p, KEY)
+
+
+def test_bad_arguments_are_errors_not_crashes(pair):
+    rx, tx = pair
+    ip, port = rx.getsockname()
+    for args, what in (((3, b"h0", b"h1", 0, 1, 1, 0), "type"), ((1, b"", b"h1", 0, 1, 1, 0), "names"),
+                       ((1, b"h0", b"x" * 65, 0, 1, 1, 0), "names"), ((1, b"h0", b"h1", 70000, 1, 1, 0), "rail")):
+        with pytest.raises(ValueError, match=what):
+            native.send_probe(tx.fileno(), ip, port, KEY, *args)
+    with pytest.raises(ValueError, match="IPv4"):
+        native.send_probe(tx.fileno(), "not-an-ip", port, KEY, 1, b"h0", b"h1", 0, 1, 1, 0)
+    # a closed descriptor is an errno, like OSError from sendto in the Python path
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    fd = s.fileno()
+    s.close()
+    assert native.send_probe(fd, ip, port, KEY, 1, b"h0", b"h1", 0, 1, 1, 0) == errno.EBADF
+    items, ovfl, err = native.recv_batch(fd, KEY, b"h0", 10)
+    assert items == [] and err == errno.EBADF
+
+
+def test_an_empty_socket_reads_nothing_and_a_full_batch_reads_on(pair):
+    rx, tx = pair
+    assert native.recv_batch(rx.fileno(), KEY, b"h0", 64) == ([], -1, 0)
+    d = encode(GOOD[0], KEY)
+    for _ in range(150):  # more than one recvmmsg batch of 64
+        tx.sendto(d, rx.getsockname())
+    items, _, _ = native.recv_batch(rx.fileno(), KEY, b"h0", 100)
+    assert len(items) == 100  # the limit holds
+    items, _, _ = native.recv_batch(rx.fileno(), KEY, b"h0", 100)
+    assert len(items) == 50
+
+
+def test_a_key_change_takes_effect_at_once(pair):
+    rx, tx = pair
+    other = b"o" * 32
+    tx.sendto(encode(GOOD[0], other), rx.getsockname())
+    tx.sendto(encode(GOOD[0], KEY), rx.getsockname())
+    items, _, _ = native.recv_batch(rx.fileno(), KEY, b"h0", 10)
+    assert [it[0] for it in items] == [0, REQUEST]
+    tx.sendto(encode(GOOD[0], other), rx.getsockname())
+    items, _, _ = native.recv_batch(rx.fileno(), other, b"h0", 10)
+    assert [it[0] for it in items] == [REQUEST]
+
+
+def test_datapath_c_without_the_module_is_a_clear_error(monkeypatch):
+    from linkpass.config import parse_config
+
+    base = ('[daemon]\nhost = "h0"\nmode = "per-rail-ip"\n[[rails]]\nid = 0\nnetdev = "rail0"\n'
+            'address = "198.18.0.1"\n[probe]\n')
+    cfg = parse_config(base + 'datapath = "c"\n')
+    monkeypatch.setattr(prober_mod, "native_io", None)
+    with pytest.raises(RuntimeError, match="make install"):
+        prober_mod.native_datapath(cfg)
+    assert prober_mod.native_datapath(parse_config(base + 'datapath = "auto"\n')) is False
