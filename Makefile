@@ -3,7 +3,8 @@ SHELL := /bin/bash
 PY ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
-APT_PACKAGES := iproute2 nftables iputils-ping procps kmod mosquitto mosquitto-clients openssl systemd
+# gcc, libssl-dev, python3-dev: the C probe datapath (setup.py, linkpass/adapters/_probe_io.c)
+APT_PACKAGES := iproute2 nftables iputils-ping procps kmod mosquitto mosquitto-clients openssl systemd gcc libssl-dev python3-dev
 STAMP_APT := $(VENV)/.apt-done
 STAMP_PY := $(VENV)/.py-done
 PROMTOOL := $(BIN)/promtool
@@ -16,14 +17,15 @@ system-deps: $(STAMP_APT)
 
 $(STAMP_APT):
 	@if [ "$$(id -u)" != 0 ]; then echo "make: run as root (apt-get and network namespaces need it)"; exit 2; fi
-	@missing=""; for c in ip nft ping mosquitto mosquitto_passwd mosquitto_sub openssl systemd-analyze; do command -v $$c >/dev/null || missing=1; done; \
+	@missing=""; for c in ip nft ping mosquitto mosquitto_passwd mosquitto_sub openssl systemd-analyze gcc; do command -v $$c >/dev/null || missing=1; done; \
+	for h in /usr/include/openssl/evp.h /usr/include/$(PY)/Python.h; do [ -e $$h ] || missing=1; done; \
 	if [ -n "$$missing" ]; then \
 	  export DEBIAN_FRONTEND=noninteractive; apt-get update -qq && apt-get install -y -qq $(APT_PACKAGES) >/dev/null; \
 	fi
 	@command -v $(PY) >/dev/null || { export DEBIAN_FRONTEND=noninteractive; apt-get update -qq && apt-get install -y -qq python3 python3-venv >/dev/null; }
 	@mkdir -p $(VENV) && touch $@
 
-$(STAMP_PY): $(STAMP_APT) pyproject.toml
+$(STAMP_PY): $(STAMP_APT) pyproject.toml setup.py linkpass/adapters/_probe_io.c
 	@command -v $(PY) >/dev/null || { echo "make: $(PY) not found"; exit 2; }
 	@[ -x $(BIN)/python ] || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip >/dev/null

@@ -70,16 +70,17 @@ TARGETS = {"false_failovers": 0, "daemon_cpu_pct_8_rails": 10.0}
 class SoakCluster(BenchCluster):
     """Daemons with the default config plus the probe timers (damping stays on)."""
 
-    def __init__(self, *a, interval_ms: int, multiplier: int, realtime_priority: int | None = None, **kw):
+    def __init__(self, *a, interval_ms: int, multiplier: int, realtime_priority: int | None = None, datapath: str = "auto", **kw):
         super().__init__(*a, **kw)
-        self.interval_ms, self.multiplier = interval_ms, multiplier
+        self.interval_ms, self.multiplier, self.datapath = interval_ms, multiplier, datapath
         self.realtime_priority = realtime_priority
 
     def up(self) -> dict:
         desc = super().up()
         for h in desc["hosts"]:
             with open(h["config"], "a", encoding="utf-8") as f:
-                f.write(f"\n[probe]\ninterval_ms = {self.interval_ms}\ndetect_multiplier = {self.multiplier}\n")
+                f.write(f"\n[probe]\ninterval_ms = {self.interval_ms}\ndetect_multiplier = {self.multiplier}\n"
+                        f'datapath = "{self.datapath}"\n')
             if self.realtime_priority is not None:
                 self.add_config(h["index"], {"daemon": {"realtime_priority": self.realtime_priority}})
         return desc
@@ -175,7 +176,7 @@ def run(args) -> dict:
     if not args.no_bfd:
         print(f"bfdd: {bfdd or 'unavailable'} ({bfd_note})", flush=True)
     cl = SoakCluster(args.hosts, args.rails, args.name, args.hold_down_ms, interval_ms=args.interval_ms, multiplier=args.multiplier,
-                      realtime_priority=args.realtime_priority)
+                      realtime_priority=args.realtime_priority, datapath=args.datapath)
     bfd = None
     t_start = time.monotonic()
     result: dict = {}
@@ -277,7 +278,7 @@ def run(args) -> dict:
         "date_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "machine": machine,
         "params": {k: getattr(args, k) for k in ("hosts", "rails", "interval_ms", "multiplier", "idle_s", "load_s",
-                                                 "busy_loops", "busy_nice", "load_kind", "realtime_priority", "loss_pct", "duration_s", "hold_down_ms", "name")},
+                                                 "busy_loops", "busy_nice", "load_kind", "realtime_priority", "loss_pct", "duration_s", "hold_down_ms", "datapath", "name")},
         "targets": TARGETS,
         "bfdd_note": bfd_note,
         **result,
@@ -288,7 +289,7 @@ def run(args) -> dict:
 
 def print_report(r: dict) -> None:
     p = r["params"]
-    print(f"\nsoak: {p['hosts']} hosts x {p['rails']} rails, {p['interval_ms']} ms x {p['multiplier']} "
+    print(f"\nsoak: {p['hosts']} hosts x {p['rails']} rails, {p['interval_ms']} ms x {p['multiplier']}, datapath {p.get('datapath', 'auto')} "
           f"({r['machine'].get('cpus')} CPUs); bfdd: {r['bfdd_note']}")
     idle = r["idle"]
     print(f"idle {idle['window_s']} s, CPU % of one core (schedstat):")
@@ -351,6 +352,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the daemons' [daemon] realtime_priority (0: the normal policy; default: the config's default)")
     ap.add_argument("--loss-pct", type=int, default=2)
     ap.add_argument("--duration-s", type=float, default=600.0, help="loss phase length; 0 skips it")
+    ap.add_argument("--datapath", choices=("auto", "c", "python"), default="auto",
+                    help="[probe] datapath of the daemons (default: the config default, auto)")
     ap.add_argument("--no-bfd", action="store_true")
     ap.add_argument("--name", default="bnsoak")
     ap.add_argument("--json", metavar="FILE")

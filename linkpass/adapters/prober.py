@@ -130,6 +130,10 @@ def rail_paths(cfg: Config) -> dict[int, list[str]]:
     return {r.id: [name for name in order if r.id in rails_of[name]] for r in cfg.rails}
 
 
+def _arrival_of(item: tuple) -> int:
+    return item[-1]  # the kernel receive time of a recv_batch item (0: none, first)
+
+
 def native_datapath(cfg: Config) -> bool:
     """Whether the prober reads and answers through :mod:`linkpass.adapters._probe_io`:
     ``[probe] datapath`` "c" or "auto" and the module built (else the Python path).
@@ -185,7 +189,7 @@ class Prober:
         self.clock = clock
         self.counters: Counter[str] = Counter()
         self.native = native_datapath(cfg)
-        self._host_bytes, self._host_of = b"", None
+        self._host_b = cfg.daemon.host.encode()  # this host's name as the wire carries it
         self._names_b: dict[str, bytes] = {}
         self.guard = wire.ReplyGuard()
         self.req_guard = wire.RequestGuard()
@@ -232,14 +236,6 @@ class Prober:
                              fast_peers=p.fast_peers, max_pps=p.max_pps, paths=rail_paths(cfg), now_ns=now,
                              priority=self._priority)
 
-    @property
-    def _host_b(self) -> bytes:
-        """This host's name as the wire carries it (UTF-8)."""
-        cfg = self.cfg
-        if self._host_of is not cfg:
-            self._host_bytes, self._host_of = cfg.daemon.host.encode(), cfg
-        return self._host_bytes
-
     def _peer_b(self, name: str) -> bytes:
         """A peer's name as the wire carries it (UTF-8; cached: encoded thousands of times a second)."""
         b = self._names_b.get(name)
@@ -281,6 +277,7 @@ class Prober:
         (a bind failure is logged and counted in ``socket_errors``, never raised)."""
         old = self.cfg
         self.cfg, self.key = cfg, key
+        self._host_b = cfg.daemon.host.encode()
         try:
             self.native = native_datapath(cfg)
         except RuntimeError as e:  # "c" without the module: keep probing, in Python
@@ -740,16 +737,26 @@ class Prober:
         """:meth:`_read` through :mod:`linkpass.adapters._probe_io`: one recvmmsg(2) per 64
         datagrams, and the MAC check and parse in C.  What C did not accept in full comes back
         raw and goes through :meth:`on_datagram` (the same rejection kinds and messages)."""
+        items = self._recv_native(sock, limit)
+        self._handle_native(items, offset)
+        return len(items)
+
+    def _recv_native(self, sock: socket.socket, limit: int) -> list:
         items, ovfl, err = native_io.recv_batch(sock.fileno(), self.key, self._host_b, limit)
         if ovfl >= 0:
             self._count_drops(sock, ovfl)
         if err:
             log.debug("probe socket error: %s", os.strerror(err))
+        return items
+
+    def _handle_native(self, items: list, offset: int | None) -> None:
+        """Handle :func:`recv_batch` items in the order given (see its docstring for the shapes)."""
         if not items:
-            return 0
+            return
         if offset is None:
             offset = time.time_ns() - self.clock()
         now = self.clock()
+        host = self.cfg.daemon.host
         for it in items:
             rt = it[-1]
             arrival = rt - offset if rt else None
@@ -759,7 +766,7 @@ class Prober:
                 continue
             # a kernel time from the future or from before a wall-clock step is not believed
             t = now if arrival is None or not now - 10_000_000_000 < arrival <= now else arrival
-            p = wire.Probe(kind, it[1], self.cfg.daemon.host, it[2], it[3], it[4], it[5])
+            p = wire.Probe(kind, it[1], host, it[2], it[3], it[4], it[5])
             try:
                 if kind == wire.REQUEST:
                     self._on_request(p, it[6], t)
@@ -769,7 +776,6 @@ class Prober:
                 self._reject(e.kind, it[6], e)
             except Exception as e:  # noqa: BLE001 - never let a datagram kill the daemon
                 self._reject("malformed", it[6], e)
-        return len(items)
 
     def _count_drops(self, sock: socket.socket, total: int) -> None:
         fd = sock.fileno()
@@ -789,17 +795,36 @@ class Prober:
         that has arrived.  Returns the count."""
         n = 0
         offset = time.time_ns() - self.clock()
-        # one datagram from each rail socket that holds one, until none does: a poll(2) of all
-        # of them costs a quarter of one recvmsg on an empty socket (a syscall and an exception)
-        for _ in range(DRAIN_MAX):
-            got = 0
-            for fd, _ev in self._rail_poll.poll(0) if self._rail_by_fd else ():
-                s = self._rail_by_fd.get(fd)
-                if s is not None:
-                    got += self._read(s, 1, offset)
-            if not got:  # nothing left (or only an error or a closed socket: nothing to read)
-                break
-            n += got
+        if self.native and self._rail_by_fd:
+            # every queued datagram of every rail socket that holds one (a recvmmsg per 64),
+            # until none does, handled in kernel arrival order across the sockets
+            batch: list = []
+            for _ in range(DRAIN_MAX):
+                got = 0
+                for fd, _ev in self._rail_poll.poll(0):
+                    s = self._rail_by_fd.get(fd)
+                    if s is not None:
+                        items = self._recv_native(s, DRAIN_MAX)
+                        got += len(items)
+                        batch += items
+                if not got or len(batch) >= DRAIN_MAX:
+                    break
+            batch.sort(key=_arrival_of)
+            self._handle_native(batch, offset)
+            n += len(batch)
+        elif self._rail_by_fd:
+            # one datagram from each rail socket that holds one, until none does: a poll(2) of
+            # all of them costs a quarter of one recvmsg on an empty socket (a syscall and an
+            # exception)
+            for _ in range(DRAIN_MAX):
+                got = 0
+                for fd, _ev in self._rail_poll.poll(0):
+                    s = self._rail_by_fd.get(fd)
+                    if s is not None:
+                        got += self._read(s, 1, offset)
+                if not got:  # nothing left (or only an error or a closed socket: nothing to read)
+                    break
+                n += got
         if responder and self._resp is not None:
             n += self._read(self._resp, DRAIN_MAX, offset)
         return n
