@@ -46,6 +46,13 @@ reaches the engine up to that much later.  This saves the loop a wake-up and a c
 reply (at 8 rails x 4 peers, over a thousand a second).  The responder socket stays watched: a
 peer's request is answered as soon as it comes.  Times are ``time.monotonic_ns()`` taken here, at the edge.
 A bad datagram is counted (``rejected_<kind>``) and dropped; it never stops the prober.
+
+Datapath: with ``[probe] datapath`` "auto" (the default) or "c" and
+:mod:`linkpass.adapters._probe_io` built (``make install``), the socket reads (``recvmmsg``, a
+whole queue per call), the MAC check and parse, and the signing and sending of requests and
+replies run in C; every decision (the guards, proofs, verdicts) stays here, and a datagram C
+does not accept in full goes through :meth:`Prober.on_datagram` as without it.  "python" (or
+the module missing under "auto") runs the same steps in Python.
 """
 
 from __future__ import annotations
