@@ -435,7 +435,9 @@ def test_path_stats():
 # ----------------------------------------------------------------------------- adapter, no sockets
 
 
-def prober_for(host: str = "h0"):
+def prober_for(host: str = "h0", datapath: str = "python"):
+    """A prober with a fake clock (python datapath: most tests hand it objects with sendto()
+    only, not sockets)."""
     from linkpass.adapters.prober import Prober
     from linkpass.config import parse_config
 
@@ -456,7 +458,7 @@ name = "h1"
 rail_ips = {{ "0" = "198.18.0.2", "1" = "198.18.1.2" }}
 [probe]
 fast_peers = 1
-datapath = "python"  # these tests hand the prober objects with sendto() only, not sockets
+datapath = "{datapath}"
 """)
     clock = [1_000 * MS]
     events = []

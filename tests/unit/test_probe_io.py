@@ -15,8 +15,10 @@ from hypothesis import strategies as st
 
 from linkpass.adapters import prober as prober_mod
 from linkpass.core.probe import MAX_LEN, REPLY, REQUEST, Probe, ProbeError, decode, encode
+from test_probe import KEY as PROBER_KEY
+from test_probe import prober_for
 
-KEY = b"k" * 32
+KEY = PROBER_KEY  # the key prober_for gives the prober
 HOST = "h0"
 
 
@@ -192,26 +194,10 @@ def test_datapath_c_without_the_module_is_a_clear_error(monkeypatch):
 # ----------------------------------------------------------------------------- in the prober
 
 
-def _prober(datapath: str, host: str = "h0"):
-    from linkpass.adapters.prober import Prober
-    from linkpass.config import parse_config
-
-    cfg = parse_config(f"""
-[daemon]
-host = "{host}"
-mode = "per-rail-ip"
-[[rails]]
-id = 0
-netdev = "rail0"
-address = "198.18.0.1"
-[[peers]]
-name = "h1"
-rail_ips = {{ "0" = "198.18.0.2" }}
-[probe]
-datapath = "{datapath}"
-""")
-    events = []
-    return Prober(cfg, KEY, events.append), events
+def _prober(datapath: str):
+    pr, _clock, events = prober_for(datapath=datapath)
+    pr.clock = time.monotonic_ns  # the kernel's receive times are on the real clock
+    return pr, events
 
 
 def _mixed_datagrams() -> list[bytes]:
@@ -253,7 +239,7 @@ def test_both_datapaths_answer_reject_and_count_alike():
 
 
 def test_the_c_drain_reads_every_rail_socket_whole_in_arrival_order(monkeypatch):
-    pr, _ = _prober("c", host="h0")
+    pr, _ = _prober("c")
     socks = []
     seen = []
     monkeypatch.setattr(pr, "_on_reply", lambda p, t: seen.append((p.seq, t)))
