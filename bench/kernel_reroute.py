@@ -15,6 +15,9 @@ Part 2, ``stall_ms`` (emulated fabric ``--name``, 2 hosts x 2 rails, real daemon
 flow (1 KiB every 1 ms) from host 0 to host 1's host IP; the rail carrying it (tx counters) is
 cut on host 0 with ``carrier-loss``; ``stall_ms`` is the longest gap between two receptions at
 host 1 from 50 ms before the cut to 3 s after it (3 s: no recovery seen = the flow is stuck).
+``ack_rail`` is the rail host 1's ACKs took before the cut (its own multipath hash): kernel
+only, host 1 does not see host 0's carrier loss, so ACKs on the cut rail are lost until
+something on host 1 moves them.
 With the daemons up, host 0's history also gives ``detect_ms`` and ``reroute_ms`` (DOWN
 recorded -> the first plan without the rail ACKed), defined as in bench/detect_reroute.py.
 "daemon" runs with the daemons up; "kernel only" starts them (routes installed), stops them
@@ -153,10 +156,11 @@ def one_cut(cl: BenchCluster, daemon: bool, port: int) -> dict:
     assert rx.stdout.readline().strip() == "ready"
     tx = subprocess.Popen(fab.netns_exec(cl.name, 0) + [sys.executable, "-c", SENDER, h1["host_ip"], str(port), h0["host_ip"], "2.5"])
     time.sleep(0.5)
-    a = tx_bytes(cl, 0)
+    a, a1 = tx_bytes(cl, 0), tx_bytes(cl, 1)
     time.sleep(0.2)
-    b = tx_bytes(cl, 0)
+    b, b1 = tx_bytes(cl, 0), tx_bytes(cl, 1)
     rail = max(range(len(a)), key=lambda k: b[k] - a[k])
+    ack_rail = max(range(len(a1)), key=lambda k: b1[k] - a1[k])  # host 1's ACKs: the reverse direction hashes on its own
     c = fab.cut(cl.name, 0, cl.host(0)["rails"][rail]["rail"], "carrier-loss")
     t_cut = c["t_issued_ns"]
     tx.wait(10)
@@ -176,7 +180,7 @@ def one_cut(cl: BenchCluster, daemon: bool, port: int) -> dict:
     for i in range(cl.hosts):
         if cl.procs.get(i) and cl.procs[i].poll() is None:
             cl.stop(i)
-    return {"rail": rail, "stall_ms": round(min(gap, 3_000_000_000) / 1e6, 3), "recovered": bool(window and window[-1] > t_cut),
+    return {"rail": rail, "ack_rail": ack_rail, "stall_ms": round(min(gap, 3_000_000_000) / 1e6, 3), "recovered": bool(window and window[-1] > t_cut),
             **daemon_ms}
 
 

@@ -123,6 +123,32 @@ def route_request(r: RouteSpec, nhid: int, seq: int) -> bytes:
     return _message(RTM_NEWROUTE, NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_REPLACE, seq, head + attrs)
 
 
+def inline_route_request(r: RouteSpec, ifindex: Mapping[str, int], seq: int) -> bytes:
+    """RTM_NEWROUTE (create or replace) of ``r`` with its nexthops inline: one nexthop as
+    RTA_OIF + RTA_GATEWAY, several as RTA_MULTIPATH (``struct rtnexthop`` each, hops 0 = weight
+    1, with its RTA_GATEWAY inside), as ``ip route replace ... nexthop via G dev D ...`` sends
+    it (include/uapi/linux/rtnetlink.h).  An empty gateway is a device route (no RTA_GATEWAY).
+    Raises KeyError for a nexthop netdev not in ``ifindex`` and ValueError for a route with no
+    nexthop."""
+    if not r.nexthops:
+        raise ValueError(f"route {r.dst} has no nexthop")
+    head, attrs = _rtmsg(r)
+    if r.prefsrc:
+        attrs += _ip4(RTA_PREFSRC, r.prefsrc)
+    if len(r.nexthops) == 1:
+        nh = r.nexthops[0]
+        if nh.gateway:
+            attrs += _ip4(RTA_GATEWAY, nh.gateway)
+        attrs += _u32(RTA_OIF, ifindex[nh.netdev])
+    else:
+        mp = b""
+        for nh in r.nexthops:
+            gw = _ip4(RTA_GATEWAY, nh.gateway) if nh.gateway else b""
+            mp += _RTNH.pack(_RTNH.size + len(gw), 0, 0, ifindex[nh.netdev]) + gw
+        attrs += _attr(RTA_MULTIPATH, mp)
+    return _message(RTM_NEWROUTE, NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_REPLACE, seq, head + attrs)
+
+
 def route_delete_request(r: RouteSpec, seq: int) -> bytes:
     """RTM_DELROUTE of our route ``r`` (matched by dst, table, metric and protocol)."""
     head, attrs = _rtmsg(r, rtype=0)

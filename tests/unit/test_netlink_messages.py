@@ -15,16 +15,23 @@ import json
 from pathlib import Path
 
 import pytest
+from pyroute2.netlink.rtnl.rtmsg import rtmsg
 
 from linkpass.adapters.netlink import event_from_msg, snapshot_events
 from linkpass.adapters.routes import (
     NUD_FAILED,
     NUD_INCOMPLETE,
-    delete_request,
     link_names,
     neighbors_to_purge,
-    replace_request,
     route_from_msg,
+)
+from linkpass.adapters.nhlink import (
+    RTM_DELROUTE,
+    RTM_NEWROUTE,
+    inline_route_request,
+    parse_messages,
+    route_delete_request,
+    route_from_nlmsg,
 )
 from linkpass.core.model import AddrChanged, LinkChanged, LinkFacts, LinkSnapshot, Nexthop, RouteChanged, RouteSpec
 from linkpass.core.reconcile import diff
@@ -132,20 +139,56 @@ def test_route_dump_becomes_route_specs():
     assert route_from_msg(d["route_dump"][3], {}).nexthops == (Nexthop("198.18.1.3", "if5"),)
 
 
+def decoded(req: bytes) -> tuple[int, int, dict]:
+    """(nlmsg type, flags, the rtmsg as pyroute2 decodes it): an independent reading of our
+    encoder's bytes."""
+    (m,) = parse_messages(req)
+    msg = rtmsg(req)  # pyroute2 reads the nlmsghdr too
+    msg.decode()
+    out = {"dst": msg.get("dst"), "dst_len": msg["dst_len"], "table": msg.get("table"), "proto": msg["proto"],
+           "priority": msg.get("priority"), "prefsrc": msg.get("prefsrc"), "gateway": msg.get("gateway"), "oif": msg.get("oif")}
+    mp = msg.get("multipath")
+    out["multipath"] = [(h.get("gateway"), h["oif"], h["hops"]) for h in mp] if mp else None
+    return m.type, m.flags, out
+
+
 def test_requests_rebuild_the_recorded_routes():
+    """Our inline route requests, read back by pyroute2's decoder, carry what the kernel
+    reported for the recorded routes (RTA_MULTIPATH with one rtnexthop per rail, or
+    RTA_GATEWAY + RTA_OIF); NLM_F_CREATE|NLM_F_REPLACE|NLM_F_ACK."""
     d = dumps()
     names = link_names(d["link_dump_up"])
     ifindex = {v: k for k, v in names.items()}
     by_dst = {m.get("dst"): m for m in d["route_dump"]}
-    mp = replace_request(route_from_msg(by_dst["198.19.0.2"], names), ifindex)
-    assert mp == {"dst": "198.19.0.2/32", "table": 254, "proto": 201, "priority": 0, "prefsrc": "198.18.0.1",
-                  "multipath": [{"gateway": "198.18.0.2", "oif": RAIL0}, {"gateway": "198.18.1.2", "oif": RAIL1}]}
     rec = by_dst["198.19.0.2"]
-    assert [(nh.get("gateway"), nh.get("oif")) for nh in rec.get("multipath")] == [(h["gateway"], h["oif"]) for h in mp["multipath"]]
-    one = replace_request(route_from_msg(by_dst["198.19.0.3"], names), ifindex)
-    assert one == {"dst": "198.19.0.3/32", "table": 254, "proto": 201, "priority": 0, "gateway": "198.18.1.3", "oif": RAIL1}
+    mtype, flags, mp = decoded(inline_route_request(route_from_msg(rec, names), ifindex, 7))
+    assert (mtype, flags) == (RTM_NEWROUTE, 0x1 | 0x4 | 0x400 | 0x100)
+    assert mp == {"dst": "198.19.0.2", "dst_len": 32, "table": 254, "proto": 201, "priority": 0, "prefsrc": "198.18.0.1",
+                  "gateway": None, "oif": None, "multipath": [("198.18.0.2", RAIL0, 0), ("198.18.1.2", RAIL1, 0)]}
+    assert [(nh.get("gateway"), nh.get("oif")) for nh in rec.get("multipath")] == [(g, o) for g, o, _ in mp["multipath"]]
+    _, _, one = decoded(inline_route_request(route_from_msg(by_dst["198.19.0.3"], names), ifindex, 8))
+    assert one == {"dst": "198.19.0.3", "dst_len": 32, "table": 254, "proto": 201, "priority": 0, "prefsrc": None,
+                   "gateway": "198.18.1.3", "oif": RAIL1, "multipath": None}
     with pytest.raises(KeyError):
-        replace_request(route_from_msg(by_dst["198.19.0.3"], names), {})
+        inline_route_request(route_from_msg(by_dst["198.19.0.3"], names), {}, 9)
+    with pytest.raises(ValueError, match="198.19.0.9/32"):
+        inline_route_request(RouteSpec("198.19.0.9/32", ()), ifindex, 10)
+
+
+def test_inline_requests_read_back_as_the_route_they_encode():
+    """Encoder and our own decoder agree (a route dump of what we installed compares equal),
+    including a device route (no gateway), a metric, a table above 255 and three nexthops."""
+    idx = {"rail0": 3, "rail1": 5, "rail2": 9}
+    names = {v: k for k, v in idx.items()}
+    routes = [
+        RouteSpec("198.19.0.2/32", (Nexthop("198.18.0.2", "rail0"), Nexthop("198.18.1.2", "rail1"), Nexthop("198.18.2.2", "rail2")),
+                  "198.18.0.1", 254, 0, 201),
+        RouteSpec("198.19.4.0/24", (Nexthop("", "rail1"),), None, 1000, 7, 201),
+        RouteSpec("198.19.0.3/32", (Nexthop("198.18.2.3", "rail2"),), "198.18.2.1", 254, 20, 201),
+    ]
+    for r in routes:
+        (m,) = parse_messages(inline_route_request(r, idx, 1))
+        assert route_from_nlmsg(m.body, names) == r
 
 
 def test_desired_routes_against_the_recorded_kernel_become_ordered_requests():
@@ -157,11 +200,13 @@ def test_desired_routes_against_the_recorded_kernel_become_ordered_requests():
     observed = [route_from_msg(m, names) for m in d["route_dump"]]
     want = [RouteSpec("198.19.0.2/32", (Nexthop("198.18.1.2", "rail1"),), "198.18.1.1", 254, 0, 201)]
     ops = diff(want, observed, 201).ops
-    reqs = [(op.op, replace_request(op.route, ifindex) if op.op == "replace" else delete_request(op.route)) for op in ops]
-    assert reqs == [
-        ("replace", {"dst": "198.19.0.2/32", "table": 254, "proto": 201, "priority": 0, "prefsrc": "198.18.1.1",
-                     "gateway": "198.18.1.2", "oif": RAIL1}),
-        ("delete", {"dst": "198.19.0.3/32", "table": 254, "priority": 0, "proto": 201}),
+    reqs = [decoded(inline_route_request(op.route, ifindex, 1) if op.op == "replace" else route_delete_request(op.route, 2))
+            for op in ops]
+    assert [(t, m) for t, _, m in reqs] == [
+        (RTM_NEWROUTE, {"dst": "198.19.0.2", "dst_len": 32, "table": 254, "proto": 201, "priority": 0, "prefsrc": "198.18.1.1",
+                        "gateway": "198.18.1.2", "oif": RAIL1, "multipath": None}),
+        (RTM_DELROUTE, {"dst": "198.19.0.3", "dst_len": 32, "table": 254, "proto": 201, "priority": 0, "prefsrc": None,
+                        "gateway": None, "oif": None, "multipath": None}),
     ]
     assert not diff(observed[2:], observed, 201).ops  # the kernel already has what we want
 
