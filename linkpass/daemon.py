@@ -438,7 +438,7 @@ class Daemon:
 
     def _apply_routes(self, a: ApplyRoutes) -> None:
         if self.cfg.daemon.reroute == "kernel":
-            self.routes.submit(a)
+            self.routes.submit(a, now=True)
         else:  # notify-only: planned and recorded, never put in the kernel
             self.routes_skipped += 1
             log.debug("reroute = notify-only: routes of generation %d not applied (%s)", a.generation, a.reason)
@@ -605,6 +605,7 @@ class Daemon:
             "netlink_bad_messages": self.monitor.bad_messages,
             "route_ops": self.routes.ops_total,
             "route_errors": self.routes.errors_total,
+            "route_plans_applied_in_turn": getattr(self.routes, "early_total", 0),
             **({f"notices_{k}": v for k, v in self.notices.counters.items()} if self.notices else {}),
             **({f"probes_{k}": v for k, v in self.prober.counters.items()} if self.prober else {}),
             "probe_results_forwarded": self.probe_filter.forwarded,

@@ -31,7 +31,7 @@ class FakeRouteWriter:
     async def close(self) -> None:
         self.closed = True
 
-    def submit(self, plan: ApplyRoutes) -> None:
+    def submit(self, plan: ApplyRoutes, now: bool = False) -> None:
         if self.fail is not None:
             raise self.fail
         self.submitted.append(plan)

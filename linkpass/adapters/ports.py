@@ -34,7 +34,10 @@ class RouteWriter(Protocol):
     ops_total: int  # kernel route operations done since start
     errors_total: int  # of those, the ones that failed
 
-    def submit(self, plan: ApplyRoutes) -> None: ...
+    def submit(self, plan: ApplyRoutes, now: bool = False) -> None:
+        """Queue ``plan``; with ``now`` put its replacements in before returning where the
+        writer can (the reroute does not wait for the writer's task turn)."""
+        ...
 
     async def refresh_neighbors(self, netdev: str) -> int: ...
 

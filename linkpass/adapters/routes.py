@@ -164,6 +164,10 @@ class RouteActuator:
         # nexthop-object mode: the (routes, objects) picture after the last pass
         self._nh_cache: tuple[list[RouteSpec], list[NexthopObject]] | None = None
         self._gc_objects_pending = True  # inline mode: drop our objects left by nexthop mode, once
+        self._busy = False  # a pass (run/reconcile) is between awaits
+        # what apply_now put in for a plan the next pass completes: (generation, replaced, t_ns)
+        self._early: tuple[int, int, int] | None = None
+        self.early_total = 0  # plans whose replacements went in at submit time
 
     @property
     def proto(self) -> int:
@@ -183,13 +187,70 @@ class RouteActuator:
             self._cache = None
             self._nh_cache = None
 
-    def submit(self, plan: ApplyRoutes) -> None:
-        """Queue a plan (replacing any not yet started one; a resync request is kept)."""
+    def submit(self, plan: ApplyRoutes, now: bool = False) -> None:
+        """Queue a plan (replacing any not yet started one; a resync request is kept).
+
+        With ``now``, the plan's route replacements (group replaces and leaf adds in
+        nexthop-object mode) also go into the kernel before this returns (:meth:`apply_now`);
+        the queued pass then does the rest (deletions, the dump a resync asks for, the
+        neighbour purge) and posts ``RoutesApplied`` with the ACK time of those replacements."""
         if self._pending is None or plan.generation >= self._pending.generation:
             if self._pending is not None and self._pending.resync and not plan.resync:
                 plan = dataclasses.replace(plan, resync=True)
             self._pending = plan
             self._wake.set()
+            if now:
+                self.apply_now(plan)
+
+    def apply_now(self, plan: ApplyRoutes) -> bool:
+        """Put ``plan``'s replacements into the kernel synchronously, from the cached picture;
+        returns whether it did.
+
+        Why: a reroute decided in an engine turn would otherwise wait for the actuator task's
+        turn, behind the rest of the queue (the same moment's link, neighbour and route events,
+        probe results, notices): on 2 shared cores that wait, not the kernel, was most of "DOWN
+        to routes ACKed" (bench/README.md, kernel_reroute.py).  Replace is idempotent, so a
+        stale picture cannot make a replacement wrong; a failed one drops the picture and the
+        queued pass re-reads the kernel and redoes it, reporting its own errors.
+
+        Not done (False) while a pass is between awaits (its picture is in flight), before the
+        first pass (no picture), for a plan older than the last applied one, or when a nexthop
+        netdev's ifindex is not known yet (looking it up needs the async socket)."""
+        if self._busy or plan.generation <= self.applied_generation:
+            return False
+        settings = self.settings
+        try:
+            netdevs = {nh.netdev for r in plan.routes for nh in r.nexthops}
+            idx = {d: self._idx[d] for d in netdevs}
+        except KeyError:
+            return False
+        errors: list[str] = []
+        if settings.nexthop_objects:
+            if self._nh_cache is None:
+                return False
+            routes, objects = self._nh_cache
+            try:
+                d = nh_diff(plan.routes, routes, objects, settings.proto, settings.ids, plan.keep_dsts)
+            except IdsExhausted:
+                return False  # the pass reports it
+            (replaced, _, t_last), done = self._apply_nh([op for op in d.ops if not op.op.startswith("delete")], errors)
+            self._nh_cache = apply_to_picture(done, routes, objects)
+        else:
+            if self._cache is None:
+                return False
+            d = diff(plan.routes, self._cache, settings.proto, plan.keep_dsts)
+            have = {r.key: r for r in self._cache}
+            replaced, _, t_last = self._apply_sync([op for op in d.ops if op.op == "replace"], have, errors, idx)
+            self._cache = list(have.values())
+        if errors:  # the queued pass re-reads the kernel and tries again
+            self._cache = None
+            self._nh_cache = None
+        if replaced:
+            self.flush_route_cache()
+        if t_last is not None:
+            self._early = (plan.generation, replaced, t_last)
+            self.early_total += 1
+        return True
 
     async def observed(self, ipr: AsyncIPRoute) -> list[RouteSpec]:
         """Every IPv4 route in our table (ours and others')."""
@@ -223,6 +284,20 @@ class RouteActuator:
     async def _apply(self, ipr: AsyncIPRoute, ops, have: dict, errors: list[str]) -> tuple[int, int, int | None]:
         """Apply ``ops`` in order; update ``have`` (key -> route).  Returns (replaced, deleted,
         monotonic ns after the last replacement or None)."""
+        idx: dict[str, int] = {}
+        for op in ops:
+            if op.op == "replace":
+                for nh in op.route.nexthops:
+                    if nh.netdev not in idx:
+                        try:
+                            idx[nh.netdev] = await self._ifindex(ipr, nh.netdev)
+                        except KeyError:
+                            pass  # the op naming it fails and is reported
+        return self._apply_sync(ops, have, errors, idx)
+
+    def _apply_sync(self, ops, have: dict, errors: list[str], idx: Mapping[str, int]) -> tuple[int, int, int | None]:
+        """:meth:`_apply` over the blocking socket with the ifindexes in ``idx`` (netdev ->
+        ifindex; a missing one fails its op with KeyError, reported in ``errors``)."""
         replaced = deleted = 0
         t_last = None
         nl = self._nlsock()
@@ -230,7 +305,6 @@ class RouteActuator:
             r = op.route
             try:
                 if op.op == "replace":
-                    idx = {nh.netdev: await self._ifindex(ipr, nh.netdev) for nh in r.nexthops}
                     nl.request(lambda seq: inline_route_request(r, idx, seq))
                     replaced += 1
                     have[r.key] = r
@@ -241,6 +315,8 @@ class RouteActuator:
                     have.pop(r.key, None)
                 log.info("route %s", op.describe())
             except (NetlinkError, OSError, KeyError, ValueError) as e:
+                if isinstance(e, KeyError):
+                    e = f"netdev {e.args[0]} not found" if e.args else e
                 errors.append(f"{op.op} {r.dst}: {e}")
                 log.error("route %s failed: %s", op.describe(), e)
         return replaced, deleted, t_last
@@ -279,9 +355,11 @@ class RouteActuator:
         rep, dele, t_last = await self._apply(ipr, d.ops, have, errors)
         replaced += rep
         deleted += dele
-        t_in = t_last or t_in or time.monotonic_ns()
         if replaced or deleted:
             self.flush_route_cache()
+        early_replaced, early_t = self._take_early(plan.generation)
+        t_in = t_last or t_in or early_t or time.monotonic_ns()
+        replaced += early_replaced
         for netdev in plan.purge_neighbors:
             await self.purge_neighbors(ipr, netdev)
         for c in d.conflicts:
@@ -296,6 +374,14 @@ class RouteActuator:
         self.ops_total += replaced + deleted
         self.errors_total += len(errors)
         return RoutesApplied(plan.generation, t_in, replaced, deleted, tuple(errors), d.conflicts)
+
+    def _take_early(self, generation: int) -> tuple[int, int | None]:
+        """(replacements, ACK ns) that :meth:`apply_now` made for ``generation``, once;
+        (0, None) if none (or they were for another plan)."""
+        early, self._early = self._early, None
+        if early is None or early[0] != generation:
+            return 0, None
+        return early[1], early[2]
 
     async def close(self) -> None:
         """At daemon stop: routes, and the nexthop groups they point at, stay as they are
@@ -341,7 +427,10 @@ class RouteActuator:
         """Apply ``ops`` in order over the nexthop socket.  Returns ((replaced, deleted,
         monotonic ns after the last add/replace or None), the ops that took effect).  A delete
         of something already gone (the kernel flushes a leaf whose netdev lost carrier) counts
-        as done."""
+        as done.  After a failed add or replace the deletions are skipped: a leaf or group the
+        failed replace was to take out of use may still be in use (deleting a group's last
+        leaves deletes the group and every route using it), so they wait for a pass whose
+        replacements went in."""
         nl = self._nlsock()
         replaced = deleted = 0
         t_last = None
@@ -361,6 +450,8 @@ class RouteActuator:
                     replaced += 1
                     t_last = time.monotonic_ns()
                 else:
+                    if errors:
+                        continue
                     try:
                         if op.op == "delete-route":
                             assert op.route is not None
@@ -431,9 +522,11 @@ class RouteActuator:
                 break
             self._nh_cache = None  # re-read what the kernel really holds
             self._idx = {}
-        t_in = t_in or time.monotonic_ns()
         if replaced or deleted:
             self.flush_route_cache()
+        early_replaced, early_t = self._take_early(plan.generation)
+        t_in = t_in or early_t or time.monotonic_ns()
+        replaced += early_replaced
         for netdev in plan.purge_neighbors:
             await self.purge_neighbors(ipr, netdev)
         for c in conflicts:
@@ -532,6 +625,7 @@ class RouteActuator:
             plan, self._pending = self._pending, None
             if plan is None or plan.generation < self.applied_generation:
                 continue
+            self._busy = True
             try:
                 result = await self.reconcile(plan, full=plan.resync)
             except asyncio.CancelledError:
@@ -540,5 +634,7 @@ class RouteActuator:
                 log.error("route reconciliation for generation %d failed: %s", plan.generation, e)
                 self._drop_caches()
                 result = RoutesApplied(plan.generation, time.monotonic_ns(), errors=(str(e),))
+            finally:
+                self._busy = False
             self.applied_generation = plan.generation
             self.post(result)
