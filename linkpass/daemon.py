@@ -308,10 +308,12 @@ class Daemon:
         self.key = notice_key(cfg, config_path)  # the same check as `linkpass config check`
         if self.key is None:
             log.warning("no notice_key_file configured: peer notices are disabled")
-        self.monitor = NetlinkMonitor(self.queue.put_nowait, self._route_filter, cfg.daemon.netlink_rcvbuf_bytes)
+        # the probe filter also reads the link events and peer notices on their way to the engine:
+        # a probe lost while netlink or the peer says the rail is down is not loss (probe_filter.py)
+        self.probe_filter = ProbeFilter(probe_policy(cfg.probe), self.queue.put_nowait, {r.netdev: r.id for r in cfg.rails})
+        self.monitor = NetlinkMonitor(self._post_observed, self._route_filter, cfg.daemon.netlink_rcvbuf_bytes)
         self.routes = RouteActuator(self.queue.put_nowait, route_settings(cfg))
-        self.notices = NoticeService(cfg, self.key, self.queue.put_nowait) if self.key else None
-        self.probe_filter = ProbeFilter(probe_policy(cfg.probe), self.queue.put_nowait)
+        self.notices = NoticeService(cfg, self.key, self._post_observed) if self.key else None
         self.prober = Prober(cfg, self.key, self.probe_filter) if (self.key and cfg.probe.enabled) else None
         if cfg.probe.enabled and not self.key:
             log.warning("probing needs notice_key_file (probes are authenticated with it): probes are disabled")
@@ -435,6 +437,11 @@ class Daemon:
             log.exception("engine failed on %r; event dropped", type(ev).__name__)
             return
         self._dispatch(actions)
+
+    def _post_observed(self, ev) -> None:
+        """Post a link or notice event to the engine, letting the probe filter see it first."""
+        self.probe_filter.observe(ev)
+        self.queue.put_nowait(ev)
 
     def _apply_routes(self, a: ApplyRoutes) -> None:
         if self.cfg.daemon.reroute == "kernel":
@@ -610,6 +617,7 @@ class Daemon:
             **({f"probes_{k}": v for k, v in self.prober.counters.items()} if self.prober else {}),
             "probe_results_forwarded": self.probe_filter.forwarded,
             "probe_results_absorbed": self.probe_filter.absorbed,
+            "probe_misses_explained": self.probe_filter.explained,
             "control_bad_requests": self.control_bad_requests,
             "dispatch_errors": sum(self.dispatch_errors.values()),
         }
@@ -830,7 +838,7 @@ class Daemon:
             self.notices.reconfigure(cfg, key)
         if self.prober and key:
             self.prober.reconfigure(cfg, key)
-        self.probe_filter.reconfigure(probe_policy(cfg.probe))
+        self.probe_filter.reconfigure(probe_policy(cfg.probe), {r.netdev: r.id for r in cfg.rails})
         if self.hooks:
             self.hooks.reconfigure(cfg.daemon.host, [p.name for p in cfg.peers])
         logging.getLogger("linkpass").setLevel(cfg.daemon.log_level.upper())

@@ -13,6 +13,16 @@ dead peer is a path problem, not loss on the rail.  Nor are misses the prober ma
 ``peer_elsewhere=False`` (the peer answered on none of our rails meanwhile): a peer that is
 silent everywhere at once says nothing about any one rail.
 
+Nor are *explained* misses: those of a probe outstanding while our end of the rail had no
+carrier (or was down, or gone), or while the peer had announced the rail unusable at its end,
+or sent less than one interval after either came back.  Netlink and the peer's notice already
+said why those probes were lost; counting them as loss would leave a rail that lost its carrier
+for 100 ms DEGRADED, and its path lossy, for a loss window after the carrier is back (a few
+carrier flaps a second made a healthy 2-rail fabric DEGRADED in ``bench/detect_reroute.py``).
+They still reach the engine: the path's state machine judges them as before.  The filter learns
+the link state and the peers' rails from the events it is handed with :meth:`observe`
+(``LinkChanged``, ``LinkSnapshot``, ``PeerRails``).
+
 The same results (those the loss window counts, and no miss of a dead path) feed each path's
 sequential loss test (:mod:`linkpass.core.lossy`); a change of its verdict is posted at once as a
 :class:`PathLossy`.  That test sees every answer, which the engine does not.  Misses in a row
@@ -27,7 +37,9 @@ from collections import deque
 from collections.abc import Callable
 
 from linkpass.core.lossy import LossTest, PathLossTest
-from linkpass.core.model import Event, PathLossy, ProbeLoss, ProbeResult
+from collections.abc import Mapping
+
+from linkpass.core.model import Event, LinkChanged, LinkSnapshot, PathLossy, PeerRails, ProbeLoss, ProbeResult
 from linkpass.core.policy import ProbePolicy
 
 REPORT_S = 0.25
@@ -44,11 +56,19 @@ class ProbeFilter:
         probe: probe settings (``detect_multiplier``, ``interval_ms``, ``loss_window_ms``,
             ``degraded_loss``); :func:`linkpass.config.probe_policy` builds them.
         post: where events go (the engine queue's ``put_nowait``).
+        rails: netdev -> rail id of our rails (to read :meth:`observe`'s link events); empty:
+            no miss is explained by the link state.
     """
 
-    def __init__(self, probe: ProbePolicy, post: Callable[[Event], None]):
+    def __init__(self, probe: ProbePolicy, post: Callable[[Event], None], rails: Mapping[str, int] | None = None):
         self.probe = probe
         self.post = post
+        self.rails: dict[str, int] = dict(rails or {})
+        self.link_down: dict[int, int] = {}  # rail -> since when (ns) our end is down
+        self.link_up: dict[int, int] = {}  # rail -> when (ns) our end last came back
+        self.peer_down: dict[tuple[int, str], int] = {}  # path -> since when the peer announces the rail unusable
+        self.peer_up: dict[tuple[int, str], int] = {}  # path -> when the peer last announced it usable again
+        self.explained = 0  # misses left out of the loss window and test as explained
         self.last_ok: dict[tuple[int, str], bool] = {}
         self.last_ok_ns: dict[tuple[int, str], int] = {}
         self.path_window: dict[tuple[int, str], deque] = {}  # path -> (t_ns, ok) in the loss window
@@ -67,12 +87,62 @@ class ProbeFilter:
         self.forwarded = 0
         self.absorbed = 0
 
-    def reconfigure(self, probe: ProbePolicy) -> None:
-        """New probe settings after a config reload (the windows and the evidence kept so far stay)."""
+    def reconfigure(self, probe: ProbePolicy, rails: Mapping[str, int] | None = None) -> None:
+        """New probe settings after a config reload (the windows and the evidence kept so far
+        stay); ``rails``: the new netdev -> rail id map (None: keep the old one)."""
         self.probe = probe
+        if rails is not None:
+            self.rails = dict(rails)
         self.loss_test = loss_test(probe)
         for t in self.tests.values():
             t.configure(self.loss_test)
+
+    def observe(self, ev: Event) -> None:
+        """Learn from an event on its way to the engine (the caller still posts it): our rails'
+        link state (``LinkChanged``, ``LinkSnapshot``; a rail is up when its netdev is
+        :attr:`~linkpass.core.model.LinkFacts.healthy`) and the rails each peer announces
+        (``PeerRails``).  Other events are ignored."""
+        if isinstance(ev, LinkChanged):
+            rail = self.rails.get(ev.facts.netdev)
+            if rail is not None:
+                self._set_link(rail, ev.facts.healthy, ev.t_ns)
+        elif isinstance(ev, LinkSnapshot):
+            healthy = {f.netdev for f in ev.links if f.healthy}
+            for netdev, rail in self.rails.items():
+                self._set_link(rail, netdev in healthy, ev.t_ns)
+        elif isinstance(ev, PeerRails):
+            for rail in set(self.rails.values()):
+                key = (rail, ev.peer)
+                if rail in ev.usable:
+                    if self.peer_down.pop(key, None) is not None:
+                        self.peer_up[key] = ev.t_ns
+                else:
+                    self.peer_down.setdefault(key, ev.t_ns)
+
+    def _set_link(self, rail: int, up: bool, t_ns: int) -> None:
+        if up:
+            if self.link_down.pop(rail, None) is not None:
+                self.link_up[rail] = t_ns
+        else:
+            self.link_down.setdefault(rail, t_ns)
+
+    def _explained(self, ev: ProbeResult) -> bool:
+        """Whether the miss ``ev`` is explained: our end of its rail is down, or its peer
+        announces the rail unusable, now (``ev.t_ns``, its deadline) or when it was sent (one
+        interval before), or it was sent less than one interval after either came back."""
+        rail = ev.rail
+        if rail in self.link_down:
+            return True
+        key = (rail, ev.peer)
+        if key in self.peer_down:
+            return True
+        # sent at t_ns - interval; explained if before (the back time + one interval)
+        cut = ev.t_ns - 2 * self.probe.interval_ms * 1_000_000
+        up = self.link_up.get(rail)
+        if up is not None and cut < up:
+            return True
+        up = self.peer_up.get(key)
+        return up is not None and cut < up
 
     def _dead_streak(self) -> int:
         # long enough that heavy random loss (50 % of round trips) almost never looks dead
@@ -113,6 +183,9 @@ class ProbeFilter:
             self.forwarded += 1
         else:
             self.absorbed += 1
+        if not ev.ok and (self.link_down or self.peer_down or self.link_up or self.peer_up) and self._explained(ev):
+            self.explained += 1  # not loss: the link state or the peer's notice says why
+            return
         if answered_before and (ev.ok or ev.peer_elsewhere is not False):
             # a miss while the peer answered on no rail at all is the peer's silence (stalled,
             # overloaded, gone), not loss on this rail
