@@ -42,6 +42,7 @@ import argparse
 import datetime
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -218,6 +219,10 @@ def run(args) -> dict:
                       "sessions": args.hosts - 1, "cpu_pct_per_session": round(100 * (c1[p] - c0[p]) / wall / (args.hosts - 1), 3)}
                      for i, p in enumerate(bfd_pids)],
         }
+        if idle["linkpass"] and idle["bfdd"]:
+            per_path = statistics.median(d["cpu_pct_per_path"] for d in idle["linkpass"])
+            per_session = statistics.median(d["cpu_pct_per_session"] for d in idle["bfdd"])
+            idle["bfdd_per_session_over_linkpass_per_path"] = round(per_session / per_path, 2) if per_path > 0 else None
         st = [cl.ask(i) for i in range(args.hosts)]
         # a healthy idle fabric: every rail DOWN, path DOWN, DEGRADED and route change is false
         ic = _window_counts(cl, args.hosts, idle_tot0, st)
@@ -297,6 +302,9 @@ def print_report(r: dict) -> None:
         print(f"  linkpass {d['host']}: {d['cpu_pct']:.2f} % for {d['paths']} paths = {d['cpu_pct_per_path']:.2f} % per path")
     for d in idle["bfdd"]:
         print(f"  bfdd     {d['host']}: {d['cpu_pct']:.2f} % for {d['sessions']} session(s) = {d['cpu_pct_per_session']:.2f} % per session")
+    ratio = idle.get("bfdd_per_session_over_linkpass_per_path")
+    if ratio is not None:
+        print(f"  bfdd per session / linkpass per path: x{ratio} (median of each)")
     h = idle.get("harm") or {}
     print(f"  healthy idle fabric: false failovers {h.get('false_failovers')}, path DOWN {h.get('path_down')}, "
           f"DEGRADED {h.get('degraded')}, route changes {h.get('route_changes')} (target 0 each); "
