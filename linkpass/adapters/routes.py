@@ -247,9 +247,14 @@ class RouteActuator:
             self._nh_cache = None
         if replaced:
             self.flush_route_cache()
+        prev = self._early
         if t_last is not None:
-            self._early = (plan.generation, replaced, t_last)
+            self._early = (plan.generation, replaced + (prev[1] if prev else 0), t_last)
             self.early_total += 1
+        elif prev is not None and not errors:
+            # nothing left to replace: an earlier in-turn apply (of a plan this one superseded
+            # before its pass ran) already put these routes in, at its ACK time
+            self._early = (plan.generation, prev[1], prev[2])
         return True
 
     async def observed(self, ipr: AsyncIPRoute) -> list[RouteSpec]:

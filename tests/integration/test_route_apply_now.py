@@ -152,3 +152,13 @@ def test_a_refused_replace_is_redone_and_reported_by_the_pass(pair):
     s = pair.submit((1,))  # the failed pass dropped its picture: this one reads the kernel first
     r = pair.wait()
     assert r["errors"] == [] and pair.devs() == ["r1"]
+
+
+def test_a_plan_superseded_before_its_pass_hands_its_ack_to_the_next(pair):
+    pair.submit((0, 1))
+    pair.wait()
+    s1 = pair.submit((1,))
+    s2 = pair.submit((1,))  # the same routes (say a notice-only change): nothing left to replace
+    assert s1["early_total"] == 1 and s2["early_total"] == 1
+    r = pair.wait()  # one pass, for the newest plan
+    assert r["gen"] == s2["gen"] and r["replaced"] == 1 and r["t_ns"] <= s1["t_ns"]
