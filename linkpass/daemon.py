@@ -285,6 +285,11 @@ def route_settings(cfg) -> RouteSettings:
     return RouteSettings(d.route_protocol, d.route_table, d.nexthop_objects, d.nexthop_id_base)
 
 
+
+def _rail_ids(cfg: Config) -> dict[str, int]:
+    """netdev -> rail id of the configured rails."""
+    return {r.netdev: r.id for r in cfg.rails}
+
 class Daemon:
     """One linkpass daemon for the current network namespace.
 
@@ -310,7 +315,7 @@ class Daemon:
             log.warning("no notice_key_file configured: peer notices are disabled")
         # the probe filter also reads the link events and peer notices on their way to the engine:
         # a probe lost while netlink or the peer says the rail is down is not loss (probe_filter.py)
-        self.probe_filter = ProbeFilter(probe_policy(cfg.probe), self.queue.put_nowait, {r.netdev: r.id for r in cfg.rails})
+        self.probe_filter = ProbeFilter(probe_policy(cfg.probe), self.queue.put_nowait, _rail_ids(cfg))
         self.monitor = NetlinkMonitor(self._post_observed, self._route_filter, cfg.daemon.netlink_rcvbuf_bytes)
         self.routes = RouteActuator(self.queue.put_nowait, route_settings(cfg))
         self.notices = NoticeService(cfg, self.key, self._post_observed) if self.key else None
@@ -612,7 +617,7 @@ class Daemon:
             "netlink_bad_messages": self.monitor.bad_messages,
             "route_ops": self.routes.ops_total,
             "route_errors": self.routes.errors_total,
-            "route_plans_applied_in_turn": getattr(self.routes, "early_total", 0),
+            "route_plans_applied_in_turn": self.routes.early_total,
             **({f"notices_{k}": v for k, v in self.notices.counters.items()} if self.notices else {}),
             **({f"probes_{k}": v for k, v in self.prober.counters.items()} if self.prober else {}),
             "probe_results_forwarded": self.probe_filter.forwarded,
@@ -838,7 +843,7 @@ class Daemon:
             self.notices.reconfigure(cfg, key)
         if self.prober and key:
             self.prober.reconfigure(cfg, key)
-        self.probe_filter.reconfigure(probe_policy(cfg.probe), {r.netdev: r.id for r in cfg.rails})
+        self.probe_filter.reconfigure(probe_policy(cfg.probe), _rail_ids(cfg))
         if self.hooks:
             self.hooks.reconfigure(cfg.daemon.host, [p.name for p in cfg.peers])
         logging.getLogger("linkpass").setLevel(cfg.daemon.log_level.upper())

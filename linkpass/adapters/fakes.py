@@ -26,6 +26,7 @@ class FakeRouteWriter:
         self.refreshed: list[str] = []
         self.ops_total = 0
         self.errors_total = 0
+        self.early_total = 0
         self.fail: BaseException | None = None
 
     async def close(self) -> None:

@@ -33,6 +33,7 @@ class RouteWriter(Protocol):
 
     ops_total: int  # kernel route operations done since start
     errors_total: int  # of those, the ones that failed
+    early_total: int  # plans whose replacements went in at submit time (submit's ``now``)
 
     def submit(self, plan: ApplyRoutes, now: bool = False) -> None:
         """Queue ``plan``; with ``now`` put its replacements in before returning where the

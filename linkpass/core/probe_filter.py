@@ -183,7 +183,7 @@ class ProbeFilter:
             self.forwarded += 1
         else:
             self.absorbed += 1
-        if not ev.ok and (self.link_down or self.peer_down or self.link_up or self.peer_up) and self._explained(ev):
+        if not ev.ok and self._explained(ev):
             self.explained += 1  # not loss: the link state or the peer's notice says why
             return
         if answered_before and (ev.ok or ev.peer_elsewhere is not False):

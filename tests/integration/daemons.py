@@ -21,6 +21,21 @@ def sh(*argv: str, check: bool = True) -> subprocess.CompletedProcess:
     return p
 
 
+def veth_pair(a: str, b: str, third_octet: int) -> None:
+    """Namespaces ``a`` and ``b`` joined by two veth rails ``r0``/``r1`` (198.18.N.1 in ``a``,
+    198.18.N.2 in ``b``, N = ``third_octet`` + k), and 198.19.N.1/32 on ``a``'s loopback."""
+    sh("ip", "netns", "add", a)
+    sh("ip", "netns", "add", b)
+    for k in (0, 1):
+        sh("ip", "link", "add", f"r{k}", "netns", a, "type", "veth", "peer", "name", f"r{k}", "netns", b)
+        sh("ip", "-n", a, "addr", "add", f"198.18.{third_octet + k}.1/24", "dev", f"r{k}")
+        sh("ip", "-n", b, "addr", "add", f"198.18.{third_octet + k}.2/24", "dev", f"r{k}")
+        for ns in (a, b):
+            sh("ip", "-n", ns, "link", "set", f"r{k}", "up")
+    sh("ip", "-n", a, "addr", "add", f"198.19.{third_octet}.1/32", "dev", "lo")
+    sh("ip", "-n", a, "link", "set", "lo", "up")
+
+
 def wait_for(pred, timeout: float = 5.0, what: str = "condition"):
     """Poll ``pred`` until it returns a truthy value; raise AssertionError after ``timeout`` s."""
     deadline = time.monotonic() + timeout

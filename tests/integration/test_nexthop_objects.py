@@ -14,7 +14,7 @@ import pytest
 
 from linkpass.adapters.routes import DEFAULT_NEXTHOP_ID_BASE as BASE
 
-from .daemons import Cluster, sh, wait_for
+from .daemons import Cluster, sh, veth_pair, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 DST = "198.19.242.2/32"
@@ -46,16 +46,7 @@ class Pair:
     def __init__(self):
         tag = secrets.token_hex(3)
         self.a, self.b = f"lpnh{tag}a", f"lpnh{tag}b"
-        sh("ip", "netns", "add", self.a)
-        sh("ip", "netns", "add", self.b)
-        for k in (0, 1):
-            sh("ip", "link", "add", f"r{k}", "netns", self.a, "type", "veth", "peer", "name", f"r{k}", "netns", self.b)
-            sh("ip", "-n", self.a, "addr", "add", f"198.18.{242 + k}.1/24", "dev", f"r{k}")
-            sh("ip", "-n", self.b, "addr", "add", f"198.18.{242 + k}.2/24", "dev", f"r{k}")
-            for ns in (self.a, self.b):
-                sh("ip", "-n", ns, "link", "set", f"r{k}", "up")
-        sh("ip", "-n", self.a, "addr", "add", "198.19.242.1/32", "dev", "lo")
-        sh("ip", "-n", self.a, "link", "set", "lo", "up")
+        veth_pair(self.a, self.b, 242)
         self.gen = 0
         self.child = subprocess.Popen(["ip", "netns", "exec", self.a, sys.executable, "-c", CHILD], stdin=subprocess.PIPE,
                                       stdout=subprocess.PIPE, text=True, cwd=ROOT)

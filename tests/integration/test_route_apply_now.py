@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from .daemons import sh
+from .daemons import sh, veth_pair
 
 ROOT = Path(__file__).resolve().parents[2]
 DST = "198.19.244.2/32"
@@ -52,16 +52,7 @@ class Pair:
     def __init__(self, objects: bool):
         tag = secrets.token_hex(3)
         self.a, self.b = f"lpan{tag}a", f"lpan{tag}b"
-        sh("ip", "netns", "add", self.a)
-        sh("ip", "netns", "add", self.b)
-        for k in (0, 1):
-            sh("ip", "link", "add", f"r{k}", "netns", self.a, "type", "veth", "peer", "name", f"r{k}", "netns", self.b)
-            sh("ip", "-n", self.a, "addr", "add", f"198.18.{244 + k}.1/24", "dev", f"r{k}")
-            sh("ip", "-n", self.b, "addr", "add", f"198.18.{244 + k}.2/24", "dev", f"r{k}")
-            for ns in (self.a, self.b):
-                sh("ip", "-n", ns, "link", "set", f"r{k}", "up")
-        sh("ip", "-n", self.a, "addr", "add", "198.19.244.1/32", "dev", "lo")
-        sh("ip", "-n", self.a, "link", "set", "lo", "up")
+        veth_pair(self.a, self.b, 244)
         self.child = subprocess.Popen(["ip", "netns", "exec", self.a, sys.executable, "-c", CHILD, "1" if objects else "0"],
                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT)
 
