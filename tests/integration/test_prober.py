@@ -118,6 +118,35 @@ def _between(evs: list[dict], rail: int, t0: int, t1: int) -> list[dict]:
     return [e for e in evs if e["rail"] == rail and e["peer"] == "h1" and t0 <= e["t_ns"] < t1]
 
 
+#: BFD's detect multiplier in the fabric's configs: this many consecutive misses declare a path down
+DETECT_MULT = 3
+
+
+def _healthy(w: list[dict], n_min: int) -> list[str]:
+    """What is wrong with the results ``w`` of one path over a window where the fabric was healthy.
+
+    A healthy path gives at least ``n_min`` results, and its misses are rare (at most 1 in 20)
+    and never ``DETECT_MULT`` in a row, so BFD's rule never fires.  Not "no miss at all": on two
+    cores, a responder descheduled for longer than the 10 ms interval answers late, and the
+    prober rightly reports that probe as missed (its own lateness it voids, the peer's it cannot
+    see); the probe filter and the detection rule are what keep such a miss from costing a rail.
+    """
+    bad = []
+    if len(w) < n_min:
+        bad.append(f"{len(w)} results, wanted >= {n_min}")
+    misses = [e for e in w if not e["ok"]]
+    if len(misses) * 20 > len(w):
+        bad.append(f"{len(misses)} misses of {len(w)}: {misses[:5]}")
+    run = 0
+    for e in sorted(w, key=lambda e: e["t_ns"]):
+        run = 0 if e["ok"] else run + 1
+        if run >= DETECT_MULT:
+            bad.append(f"{DETECT_MULT} misses in a row ending {e}")
+            break
+    bad += [f"ok without an RTT > 0: {e}" for e in w if e["ok"] and e["rtt_ns"] is not None and e["rtt_ns"] <= 0][:3]
+    return bad
+
+
 def _wait_results(runs: list["_Run"], since_ns: int, n: int, rails=(0, 1), what: str = "") -> None:
     """Until each prober posted ``n`` results for its peer on each of ``rails`` since ``since_ns``."""
     for i, r in enumerate(runs):
@@ -186,22 +215,20 @@ def test_prober_on_the_fabric(datapath):
                 r.p.wait()
         fab.down(name)
 
-    # ---- healthy (with a config reload half-way): every probe on both rails is answered, both
-    # ways, with an RTT
+    # ---- healthy (with a config reload half-way): the probes on both rails are answered, both
+    # ways, with an RTT (h1, the larger name, is mostly passive: h0's acked requests prove its
+    # paths, no RTT)
     for evs in (ev0, ev1):
         peer = "h1" if evs is ev0 else "h0"
         for rail in (0, 1):
             w = [e for e in evs if e["rail"] == rail and e["peer"] == peer and t_start + 50 * MS <= e["t_ns"] < t_rr0]
-            assert len(w) >= 60, (rail, len(w))
-            # h1 (the larger name) is mostly passive: h0's acked requests prove its paths (no RTT)
-            assert all(e["ok"] and (e["rtt_ns"] is None or e["rtt_ns"] > 0) for e in w), \
-                [e for e in w if not e["ok"]][:5]
+            assert not _healthy(w, 60), (peer, rail, _healthy(w, 60))
 
     # ---- a route of h1 carrying h0's rail-0 address over rail 1 changes nothing for the probes
     for evs in (ev0, ev1):
         peer = "h1" if evs is ev0 else "h0"
         w = [e for e in evs if e["rail"] == 0 and e["peer"] == peer and t_rr0 + 5 * MS <= e["t_ns"] < t_rr1]
-        assert len(w) >= 30 and all(e["ok"] for e in w), (peer, [e for e in w if not e["ok"]][:3])
+        assert not _healthy(w, 30), (peer, _healthy(w, 30))
 
     # ---- blackhole on h1's rail-0 port: once h0 sees rail 0 fail, no probe on it succeeds until
     # the heal; rail 1 stays fine; rail 0 comes back after the heal
@@ -209,7 +236,7 @@ def test_prober_on_the_fabric(datapath):
     during = _between(ev0, 0, first_fail, healed1["t_issued_ns"])
     assert len(during) >= 40 and not any(e["ok"] for e in during)
     other = _between(ev0, 1, blackhole["t_issued_ns"], healed1["t_done_ns"])
-    assert len(other) >= 40 and all(e["ok"] for e in other)
+    assert not _healthy(other, 40), _healthy(other, 40)
     back = [e["t_ns"] for e in _between(ev0, 0, healed1["t_done_ns"], lossy["t_issued_ns"]) if e["ok"]]
     assert back, "rail 0 did not come back after heal"
 
@@ -217,7 +244,8 @@ def test_prober_on_the_fabric(datapath):
     lw = _between(ev0, 0, lossy["t_done_ns"] + INTERVAL_MS * MS, healed2["t_issued_ns"])
     lost = sum(not e["ok"] for e in lw) / len(lw)
     assert len(lw) >= 100 and 0.2 <= lost <= 0.85, (len(lw), lost)
-    assert all(e["ok"] for e in _between(ev0, 1, lossy["t_done_ns"], healed2["t_issued_ns"]))
+    other = _between(ev0, 1, lossy["t_done_ns"], healed2["t_issued_ns"])
+    assert not _healthy(other, 1), _healthy(other, 1)
 
     # ---- forged datagrams are counted and do not stop the prober
     c = st0["stats"]["counters"]
@@ -226,13 +254,13 @@ def test_prober_on_the_fabric(datapath):
     assert (c["rejected_auth"], c.get("rejected_malformed", 0), c.get("rejected_oversized", 0)) == (FORGED + 1, 3, 2), c
     for rail in (0, 1):
         after = _between(ev0, rail, t_forged + 20 * MS, t_end)
-        assert len(after) >= 20 and all(e["ok"] for e in after), rail
+        assert not _healthy(after, 20), (rail, _healthy(after, 20))
 
     # ---- stats: per path figures and counters that add up
     paths = {(p["rail"], p["peer"]): p for p in st0["stats"]["paths"]}
     assert set(paths) == {(0, "h1"), (1, "h1")} and all(p["fast"] for p in paths.values())
     assert st0["stats"]["priority_peers"] == ["h1"] and st1["stats"]["priority_peers"] == ["h0"]  # the reload ran
-    assert paths[(1, "h1")]["loss"] == 0.0 and paths[(1, "h1")]["ewma_rtt_us"] > 0
+    assert paths[(1, "h1")]["loss"] <= 0.05 and paths[(1, "h1")]["ewma_rtt_us"] > 0, paths[(1, "h1")]  # as _healthy
     assert c["replies"] + c.get("passive_ok", 0) == sum(e["ok"] for e in ev0)
     assert c["timeouts"] + c.get("passive_misses", 0) == sum(not e["ok"] for e in ev0)
     assert c["answered"] >= st1["stats"]["counters"].get("replies", 0)
