@@ -43,8 +43,11 @@ reads what they hold before it judges or sends.  A reply is judged by its kernel
 (``SO_TIMESTAMPNS``), so reading it at the next turn changes no verdict and no RTT, and the
 turn after a send round (its deadlines, at most one interval later) always comes; a reply only
 reaches the engine up to that much later.  This saves the loop a wake-up and a callback per
-reply (at 8 rails x 4 peers, over a thousand a second).  The responder socket stays watched: a
-peer's request is answered as soon as it comes.  Times are ``time.monotonic_ns()`` taken here, at the edge.
+reply (at 8 rails x 4 peers, over a thousand a second).  A peer's request is answered as soon
+as it comes: with the C datapath by a thread of the C module that reads the responder socket,
+applies the request replay guard and sends the reply without the event loop (no wake-up per
+request, and no answer waits for a busy loop); the proofs it queues are taken at the next timer
+turn, like the replies.  Without it the event loop watches the responder socket.  Times are ``time.monotonic_ns()`` taken here, at the edge.
 A bad datagram is counted (``rejected_<kind>``) and dropped; it never stops the prober.
 
 Datapath: with ``[probe] datapath`` "auto" (the default) or "c" and
@@ -52,7 +55,8 @@ Datapath: with ``[probe] datapath`` "auto" (the default) or "c" and
 whole queue per call), the MAC check and parse, and the signing and sending of requests and
 replies run in C; every decision (the guards, proofs, verdicts) stays here, and a datagram C
 does not accept in full goes through :meth:`Prober.on_datagram` as without it.  "python" (or
-the module missing under "auto") runs the same steps in Python.
+the module missing under "auto") runs the same steps in Python, and the event loop answers
+requests.
 """
 
 from __future__ import annotations
@@ -102,6 +106,9 @@ RCVBUF_MAX = 16 << 20
 COALESCE_NS = 500_000
 SOCKET_RETRY_NS = 1_000_000_000  # a rail socket that could not be made is retried this often
 _GONE = {errno.ENODEV, errno.ENXIO}
+# the kinds of items the C responder thread queues besides requests (1), replies (2) and raw
+# datagrams (0): see linkpass/adapters/_probe_io.c, Responder.take
+_REPLAY_ITEM, _GONE_ITEM, _ANSWERED_ITEM = 3, 4, 5
 
 
 def ring_order(me: str, peers: Sequence[str]) -> list[str]:
@@ -183,7 +190,8 @@ class Prober:
             ``late_wakeups`` (the prober's own timer ran more than :attr:`lag_void_ns` late)
             and ``voided_lag`` (probe misses found in such a late turn: not reported, see
             "Timing" above), ``peer_silent_misses`` (misses reported with
-            ``peer_elsewhere=False``).
+            ``peer_elsewhere=False``), ``responder_dropped`` (requests the responder thread
+            answered whose proofs found its queue full, so were not judged).
         loop_lag_max_ns: the largest lateness of the prober's timer seen (ns).
     """
 
@@ -227,6 +235,7 @@ class Prober:
         self._sync_stats()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._resp: socket.socket | None = None
+        self._responder = None  # native_io.Responder: the responder socket on a C thread (see _open_responder)
         self._rail_socks: dict[int, socket.socket] = {}
         self._rail_poll = select.poll()  # the rail sockets: which have datagrams, in one syscall
         self._rail_by_fd: dict[int, socket.socket] = {}
@@ -307,9 +316,10 @@ class Prober:
                 self._close_rail(rid)
         self._rail_retry_ns.clear()
         self._open_rails()
-        if old.probe.port != cfg.probe.port or self._resp is None:
-            self._close_sock(self._resp)
-            self._resp = None
+        if self._responder is not None:
+            self._responder.configure(key, self._host_b)
+        if old.probe.port != cfg.probe.port or self._resp is None or (self._responder is not None) != self._threaded():
+            self._close_responder()
             try:
                 self._open_responder()
             except OSError as e:
@@ -380,7 +390,17 @@ class Prober:
                 pass
         s.close()
 
+    def _threaded(self) -> bool:
+        """Whether the responder socket is read and answered on the C module's thread
+        (:class:`linkpass.adapters._probe_io.Responder`) rather than by the event loop."""
+        return bool(self.native) and hasattr(native_io, "Responder")
+
     def _open_responder(self) -> None:
+        """Bind the responder socket.  With the C datapath a thread of the C module reads it
+        and answers each request as it comes, without the event loop (no wake-up per request,
+        no answer delayed by a busy loop); the proofs, replays and anything it does not accept
+        in full are taken at the prober's timer turns (:meth:`drain`).  Otherwise the event
+        loop watches it."""
         s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         try:
             s.setblocking(False)
@@ -389,7 +409,26 @@ class Prober:
             s.close()
             raise
         self._resp = s
-        self._watch(s)
+        if not self._threaded():
+            self._watch(s)
+            return
+        self._tune(s)
+        try:
+            self._responder = native_io.Responder(s.fileno(), self.key, self._host_b)
+        except (RuntimeError, OSError, ValueError) as e:  # no thread: the event loop answers
+            log.warning("probe responder thread not started (%s); the event loop answers requests", e)
+            self._watch(s)
+            return
+        for rid, rs in self._rail_socks.items():
+            self._responder.set_rail(rid, rs.fileno())
+
+    def _close_responder(self) -> None:
+        """Stop the responder thread (what it queued is dropped) and close the socket."""
+        if self._responder is not None:
+            self._responder.stop()
+            self._responder = None
+        self._close_sock(self._resp)
+        self._resp = None
 
     def _open_rails(self) -> None:
         for r in self.cfg.rails:
@@ -418,6 +457,8 @@ class Prober:
             return None
         self._rail_retry_ns.pop(rid, None)
         self._rail_socks[rid] = s
+        if self._responder is not None:  # the thread answers requests for this rail out of it
+            self._responder.set_rail(rid, s.fileno())
         # not watched: its replies are read at the prober's next turn (see "Reading replies")
         self._tune(s)
         self._rail_by_fd[s.fileno()] = s
@@ -426,6 +467,8 @@ class Prober:
 
     def _close_rail(self, rid: int) -> None:
         s = self._rail_socks.pop(rid, None)
+        if s is not None and self._responder is not None:  # before the fd number can be reused
+            self._responder.set_rail(rid, -1)
         if s is not None and self._rail_by_fd.pop(s.fileno(), None) is not None:
             self._rail_poll.unregister(s.fileno())
         self._close_sock(s)
@@ -438,8 +481,7 @@ class Prober:
             self._handle = None
         for rid in list(self._rail_socks):
             self._close_rail(rid)
-        self._close_sock(self._resp)
-        self._resp = None
+        self._close_responder()
         if self._stopped is not None and not self._stopped.done():
             self._stopped.set_result(None)
 
@@ -773,9 +815,19 @@ class Prober:
                 continue
             # a kernel time from the future or from before a wall-clock step is not believed
             t = now if arrival is None or not now - 10_000_000_000 < arrival <= now else arrival
-            p = wire.Probe(kind, it[1], host, it[2], it[3], it[4], it[5])
+            if kind == _GONE_ITEM:  # a reply out of this rail's socket found its netdev gone
+                self._close_rail(it[1])
+                continue
+            if kind == _REPLAY_ITEM:
+                hi, below = it[4], it[5]
+                why = f"is {hi - it[3]} below the newest ({hi})" if below else "was already answered"
+                self._reject("replay", it[6], wire.ProbeError("replay", f"request seq {it[3]} from {it[1]} {why}"))
+                continue
+            p = wire.Probe(wire.REQUEST if kind == _ANSWERED_ITEM else kind, it[1], host, it[2], it[3], it[4], it[5])
             try:
-                if kind == wire.REQUEST:
+                if kind == _ANSWERED_ITEM:  # the responder thread checked the guard and answered it
+                    self._proof(p, t)
+                elif kind == wire.REQUEST:
                     self._on_request(p, it[6], t)
                 else:
                     self._on_reply(p, t)
@@ -802,11 +854,12 @@ class Prober:
         that has arrived.  Returns the count."""
         n = 0
         offset = time.time_ns() - self.clock()
-        if self.native and self._rail_by_fd:
+        if self.native and (self._rail_by_fd or self._responder is not None):
             # every queued datagram of every rail socket that holds one (a recvmmsg per 64),
-            # until none does, handled in kernel arrival order across the sockets
-            batch: list = []
-            for _ in range(DRAIN_MAX):
+            # until none does, and what the responder thread queued, handled in kernel arrival
+            # order across the sockets
+            batch: list = self._take_responder() if self._responder is not None else []
+            for _ in range(DRAIN_MAX if self._rail_by_fd else 0):
                 got = 0
                 for fd, _ev in self._rail_poll.poll(0):
                     s = self._rail_by_fd.get(fd)
@@ -832,9 +885,28 @@ class Prober:
                 if not got:  # nothing left (or only an error or a closed socket: nothing to read)
                     break
                 n += got
-        if responder and self._resp is not None:
+        if responder and self._resp is not None and self._responder is None:
             n += self._read(self._resp, DRAIN_MAX, offset)
         return n
+
+    def _take_responder(self) -> list:
+        """The responder thread's queue (see :class:`linkpass.adapters._probe_io.Responder`),
+        its counts added to :attr:`counters`."""
+        items, answered, errors, dropped, ovfl, err = self._responder.take()
+        c = self.counters
+        if answered:
+            c["answered"] += answered
+        if errors:
+            c["answer_errors"] += errors
+        if dropped:
+            c["responder_dropped"] += dropped
+            log.warning("probe responder queue full: %d requests answered but their proofs not judged (%d so far)",
+                        dropped, c["responder_dropped"])
+        if ovfl >= 0 and self._resp is not None:
+            self._count_drops(self._resp, ovfl)
+        if err:
+            log.debug("probe responder socket error: %s", os.strerror(err))
+        return items
 
     def on_datagram(self, data: bytes, addr, arrival_ns: int | None = None) -> None:
         """Handle one datagram from any of our sockets (a request to answer or a reply).
@@ -969,6 +1041,7 @@ class Prober:
             "tick_ms": sched.tick_ns / 1e6,
             "outstanding": len(self.guard),
             "rcvbuf_bytes": self.rcvbuf_bytes(),
+            "responder": "thread" if self._responder is not None else "event loop",
             "loop_lag_max_ms": round(self.loop_lag_max_ns / 1e6, 3),
             "counters": dict(sorted(self.counters.items())),
             "priority_peers": list(self._priority),

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from linkpass.adapters import prober as prober_mod
 from linkpass.core.probe import MAX_LEN, REPLY, REQUEST, Probe, ProbeError, decode, encode
+from tests.wait import wait_until
 from test_probe import KEY as PROBER_KEY
 from test_probe import prober_for
 
@@ -265,3 +266,224 @@ def test_the_c_drain_reads_every_rail_socket_whole_in_arrival_order(monkeypatch)
         tx.close()
         for s in socks:
             s.close()
+
+
+# ----------------------------------------------------------------------------- the responder thread
+
+
+@pytest.fixture
+def responder():
+    """A Responder thread on a loopback socket, and a peer socket to send from."""
+    resp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    resp.bind(("127.0.0.1", 0))
+    resp.setblocking(False)
+    resp.setsockopt(socket.SOL_SOCKET, prober_mod.SO_TIMESTAMPNS, 1)
+    peer = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    peer.bind(("127.0.0.1", 0))
+    peer.settimeout(5)
+    r = native.Responder(resp.fileno(), KEY, HOST.encode())
+    yield r, resp, peer
+    r.stop()
+    r.stop()  # idempotent
+    resp.close()
+    peer.close()
+
+
+def _take(r, n: int) -> tuple[list, int, int, int]:
+    """Take from ``r`` until ``n`` items came (the thread reads on its own time)."""
+    got: list = []
+    counts = [0, 0, 0]
+
+    def more():
+        items, answered, errors, dropped, _ovfl, err = r.take()
+        assert err == 0
+        got.extend(items)
+        for i, v in enumerate((answered, errors, dropped)):
+            counts[i] += v
+        return len(got) >= n
+
+    wait_until(more, 10, f"{n} items from the responder thread")
+    return got, *counts
+
+
+def test_the_responder_thread_answers_as_the_python_encoder_would_and_queues_the_proof(responder):
+    r, resp, peer = responder
+    reqs = [Probe(REQUEST, "h1", HOST, 3, 10 + i, 1000 + i, 7) for i in range(5)] + [Probe(REQUEST, "hôte-ü", HOST, 0, 1, 1, 0)]
+    for p in reqs:
+        peer.sendto(encode(p, KEY), resp.getsockname())
+    items, answered, errors, dropped = _take(r, len(reqs))
+    assert (answered, errors, dropped) == (len(reqs), 0, 0)
+    port = peer.getsockname()[1]
+    for p, it in zip(reqs, items):
+        kind, sender, rail, seq, ts, ack, addr, rt = it
+        assert kind == prober_mod._ANSWERED_ITEM and Probe(REQUEST, sender, HOST, rail, seq, ts, ack) == p
+        assert addr == ("127.0.0.1", port) and rt > 0
+    # no rail socket named: the replies leave from the responder socket
+    assert [peer.recvfrom(1000) for _ in reqs] == [(encode(p.reply(), KEY), resp.getsockname()) for p in reqs]
+
+
+def test_the_responder_thread_replies_out_of_the_rail_socket_set_for_the_rail(responder):
+    r, resp, peer = responder
+    rail = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        rail.bind(("127.0.0.1", 0))
+        r.set_rail(4, rail.fileno())
+        peer.sendto(encode(Probe(REQUEST, "h1", HOST, 4, 1, 1, 0), KEY), resp.getsockname())
+        peer.sendto(encode(Probe(REQUEST, "h1", HOST, 5, 2, 2, 0), KEY), resp.getsockname())
+        _take(r, 2)
+        assert peer.recvfrom(1000)[1] == rail.getsockname()  # rail 4: its socket
+        assert peer.recvfrom(1000)[1] == resp.getsockname()  # rail 5: none set
+        r.set_rail(4, -1)
+        peer.sendto(encode(Probe(REQUEST, "h1", HOST, 4, 3, 3, 0), KEY), resp.getsockname())
+        _take(r, 1)
+        assert peer.recvfrom(1000)[1] == resp.getsockname()  # forgotten
+    finally:
+        rail.close()
+    with pytest.raises(ValueError, match="rail"):
+        r.set_rail(70000, 3)
+
+
+def test_the_responder_thread_hands_back_what_it_does_not_accept_byte_for_byte(responder):
+    r, resp, peer = responder
+    bad = _bad() + [encode(Probe(REQUEST, "h1", HOST, 0, 1, 1, 0), KEY).replace(b"h1", b"\xff\xfe", 1)]
+    reply = encode(Probe(REPLY, "h1", HOST, 0, 5, 5, 0), KEY)
+    for d in bad + [reply]:
+        peer.sendto(d, resp.getsockname())
+    items, answered, _errors, _dropped = _take(r, len(bad) + 1)
+    assert answered == 0
+    for d, it in zip(bad, items):
+        assert it[0] == 0 and it[1] == d[:512], it
+    assert items[-1][:6] == (REPLY, "h1", 0, 5, 5, 0)  # a reply: Python judges it
+
+
+def test_the_responder_thread_guard_refuses_replays_as_the_python_guard_does(responder):
+    """The C replay window against linkpass.core.probe.RequestGuard on the same requests:
+    repeats, reordering inside the window, jumps past it, seqs below it, three senders."""
+    import random
+
+    from linkpass.core.probe import RequestGuard
+
+    r, resp, peer = responder
+    rnd = random.Random(17)
+    guard = RequestGuard()
+    hi = {"a": 10_000, "b": 50_000, "c": 3}
+    reqs = []
+    for _ in range(3000):
+        name = rnd.choice("abc")
+        step = rnd.choice([1, 1, 1, 2, 64, 65, 1023, 1024, 1025, 3000, 0, -1, -5, -63, -64, -65, -1023, -1024, -1025, -4000])
+        seq = max(1, hi[name] + step)  # above the newest moves it; at or below probes the window
+        hi[name] = max(hi[name], seq)
+        reqs.append(Probe(REQUEST, name, HOST, 0, seq, 0, 0))
+    want = []
+    for p in reqs:
+        try:
+            guard.check(p)
+            want.append(True)
+        except ProbeError:
+            want.append(False)
+    got = []
+    for i in range(0, len(reqs), 100):  # a burst at a time: the socket buffer holds it
+        for p in reqs[i:i + 100]:
+            peer.sendto(encode(p, KEY), resp.getsockname())
+        items, _answered, _errors, dropped = _take(r, len(reqs[i:i + 100]))
+        assert dropped == 0
+        got += [it[0] == prober_mod._ANSWERED_ITEM for it in items]
+        for p, it in zip(reqs[i:i + 100], items):
+            if it[0] == prober_mod._REPLAY_ITEM:
+                assert it[1:4] == (p.sender, p.rail, p.seq) and it[4] >= p.seq
+    assert 200 < sum(not w for w in want) < 2800  # both verdicts well exercised
+    assert got == want
+
+
+def test_the_responder_thread_forgets_the_oldest_sender_beyond_its_bound(responder):
+    r, resp, peer = responder
+    for i in range(4097):  # one more name than it remembers
+        peer.sendto(encode(Probe(REQUEST, f"s{i}", HOST, 0, 5, 0, 0), KEY), resp.getsockname())
+        if i % 200 == 199:
+            _take(r, 200)
+    _take(r, 4097 % 200)
+    # s0 forgotten: its old seq is answered again (and s1, the oldest then, forgotten); s4096 refused
+    for name in ("s0", "s4096", "s1"):
+        peer.sendto(encode(Probe(REQUEST, name, HOST, 0, 5, 0, 0), KEY), resp.getsockname())
+    items, answered, _, _ = _take(r, 3)
+    assert [it[0] for it in items] == [prober_mod._ANSWERED_ITEM, prober_mod._REPLAY_ITEM, prober_mod._ANSWERED_ITEM]
+    from linkpass.core.probe import RequestGuard
+
+    guard = RequestGuard()  # the Python guard does the same
+    for i in range(4097):
+        guard.check(Probe(REQUEST, f"s{i}", HOST, 0, 5, 0, 0))
+    guard.check(Probe(REQUEST, "s0", HOST, 0, 5, 0, 0))
+    with pytest.raises(ProbeError):
+        guard.check(Probe(REQUEST, "s4096", HOST, 0, 5, 0, 0))
+    guard.check(Probe(REQUEST, "s1", HOST, 0, 5, 0, 0))
+
+
+def test_a_full_responder_queue_still_answers_and_counts_what_it_dropped():
+    resp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    peer = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    resp.bind(("127.0.0.1", 0))
+    resp.setblocking(False)
+    peer.bind(("127.0.0.1", 0))
+    peer.settimeout(5)
+    r = native.Responder(resp.fileno(), KEY, HOST.encode(), max_queue=4)
+    try:
+        for i in range(10):
+            peer.sendto(encode(Probe(REQUEST, "h1", HOST, 0, i + 1, 0, 0), KEY), resp.getsockname())
+        replies = [peer.recv(1000) for _ in range(10)]  # every request answered
+        assert len(replies) == 10
+        items, answered, _errors, dropped = [], 0, 0, 0
+        while answered < 10:  # the counts of one burst may straddle two takes
+            its, a, _e, d, _o, _err = r.take()
+            items += its
+            answered += a
+            dropped += d
+        assert len(items) + dropped == 10 and len(items) <= 4
+    finally:
+        r.stop()
+        resp.close()
+        peer.close()
+    with pytest.raises(ValueError):
+        native.Responder(resp.fileno(), KEY, b"", 10)  # no host name
+
+
+def test_a_responder_key_change_takes_effect_at_once(responder):
+    r, resp, peer = responder
+    other = b"o" * 32
+    r.configure(other, b"h9")
+    peer.sendto(encode(Probe(REQUEST, "h1", HOST, 0, 1, 1, 0), KEY), resp.getsockname())
+    peer.sendto(encode(Probe(REQUEST, "h1", "h9", 0, 2, 2, 0), other), resp.getsockname())
+    items, answered, _, _ = _take(r, 2)
+    assert [it[0] for it in items] == [0, prober_mod._ANSWERED_ITEM] and answered == 1
+    assert decode(peer.recv(1000), other) == Probe(REPLY, "h9", "h1", 0, 2, 2, 0)
+
+
+def test_the_threaded_responder_answers_rejects_and_counts_as_the_python_datapath():
+    """test_both_datapaths_answer_reject_and_count_alike with the C responder thread."""
+    results = {}
+    for dp in ("c", "python"):
+        pr, events = _prober(dp)
+        resp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        peer = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        try:
+            resp.bind(("127.0.0.1", 0))
+            resp.setblocking(False)
+            peer.bind(("127.0.0.1", 0))
+            peer.settimeout(5)
+            pr._resp = resp
+            if dp == "c":
+                pr._responder = native.Responder(resp.fileno(), KEY, HOST.encode())
+            n = len(_mixed_datagrams())
+            for d in _mixed_datagrams():
+                peer.sendto(d, resp.getsockname())
+            handled = [0]
+            wait_until(lambda: (handled.__setitem__(0, handled[0] + pr.drain()), handled[0] >= n)[1], 10, "every datagram")
+            assert handled[0] == n
+            replies = [peer.recv(1000) for _ in range(pr.counters["answered"])]
+            results[dp] = (dict(pr.counters), replies, events)
+        finally:
+            if pr._responder is not None:
+                pr._responder.stop()
+            resp.close()
+            peer.close()
+    assert results["c"] == results["python"]
+    assert results["c"][0]["answered"] == 10 and results["c"][0]["rejected_replay"] == 1
