@@ -14,7 +14,8 @@ checks that need no invalid part and the file checks of the valid sections
 (:func:`file_problems`): a notice key file or (with ``rails = "auto"``) a peers file that would
 stop the daemon at start is a problem line, exit 2, and so is ``rails = "auto"`` where discovery
 on this host finds no compute NIC with a netdev; no ``notice_key_file`` (peer notices and probes
-off) is a warning; a bad MQTT password, key or certificate file
+off) is a warning, and so is a ``[[rails]]`` netdev that is not on this host (the daemon keeps
+that rail DOWN until it appears); a bad MQTT password, key or certificate file
 (the daemon runs on, without alerts) is a ``FILE: warning: mqtt.<option>: ...`` line on stderr,
 exit 0, and the OK line counts the warnings.  ``--no-files`` skips those file checks and
 discovery (for a config checked on another machine than its node).
@@ -277,6 +278,25 @@ def _summary(cfg: Config) -> str:
 _MQTT_OPTION = re.compile(r"^(mqtt\.\w+) (.*)$")
 
 
+SYS_CLASS_NET = Path("/sys/class/net")
+
+
+def absent_netdevs(cfg: Config, sys_class_net: Path | None = None) -> list[str]:
+    """``rails[i].netdev: ...`` for each configured rail whose netdev is not on this host (no
+    ``/sys/class/net/<netdev>``, in this network namespace): the daemon starts anyway and keeps
+    that rail DOWN until a netdev of that name appears (the engine's warning at its first link
+    dump), which is what a typo in a netdev name looks like."""
+    sys_class_net = sys_class_net or SYS_CLASS_NET
+    out = []
+    for i, r in enumerate(getattr(cfg, "rails", None) or ()):
+        if getattr(r, "netdev", None) is None:  # an invalid entry of a partial config: its own problem line
+            continue
+        if not (sys_class_net / r.netdev).exists():
+            out.append(f"rails[{i}].netdev: {r.netdev!r} is not a netdev on this host (no {sys_class_net / r.netdev}), "
+                       f"so the daemon keeps rail {r.id} DOWN until it appears")
+    return out
+
+
 def file_problems(cfg: Config, source: str, complete: bool = True) -> tuple[list[str], list[str]]:
     """Read the files ``cfg`` names as the daemon does, with the daemon's own functions.
 
@@ -285,7 +305,8 @@ def file_problems(cfg: Config, source: str, complete: bool = True) -> tuple[list
     (:func:`linkpass.autoconf.read_peers_file`) and discovery finding no compute NIC with a netdev
     (:func:`linkpass.discovery.resolve_live`, what the daemon runs at start).  Warnings do not: no
     ``notice_key_file`` (the daemon runs with peer notices and probes off), lines of the peers
-    file that the daemon skips, discovery's warnings, a ``peers_file`` that is not read (rails not "auto"), a
+    file that the daemon skips, discovery's warnings, a ``peers_file`` that is not read (rails not "auto"),
+    a configured rail whose netdev is not on this host (:func:`absent_netdevs`), a
     ``[risk] sysfs_root`` that is not a sysfs root (counter trends off), and with
     ``mqtt.enabled`` the broker password and TLS files, checked by the MQTT adapter's
     :func:`~linkpass.adapters.mqtt_credentials.read_password_file` and
@@ -336,6 +357,8 @@ def file_problems(cfg: Config, source: str, complete: bool = True) -> tuple[list
     elif cfg.topology is not None and cfg.topology.peers_file:
         warnings.append(f"{source}: warning: topology.peers_file: not read: peers come from [[peers]] unless "
                         '[topology] rails = "auto"')
+    if not (cfg.topology is not None and cfg.auto):
+        warnings += [f"{source}: warning: {w}" for w in absent_netdevs(cfg)]
     if cfg.risk is not None and cfg.risk.enabled:
         from linkpass.adapters.risk_source import sysfs_root_problem
 

@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from linkpass import config as config_mod
 from linkpass.config import Config, parse_config
+from linkpass.cli import config as config_cli
 from linkpass.cli.config import EXAMPLE_PATH, render_config, render_defaults, render_example
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -47,6 +48,17 @@ rail_ips = { "0" = "198.18.0.2", "1" = "198.18.1.2" }
 [probe]
 interval_ms = 20
 """
+
+
+@pytest.fixture(autouse=True)
+def netdevs_here(tmp_path_factory, monkeypatch):
+    """A /sys/class/net where the netdevs these configs name exist (their absence is a warning
+    of its own, tested below)."""
+    root = tmp_path_factory.mktemp("sys-class-net")
+    for name in ("rail0", "rail1", "r0"):
+        (root / name).mkdir()
+    monkeypatch.setattr(config_cli, "SYS_CLASS_NET", root)
+    return root
 
 
 def run(capsys, *argv: str) -> tuple[int, str, str]:
@@ -225,7 +237,9 @@ def test_check_as_a_real_process_has_no_traceback(tmp_path):
     r = subprocess.run([sys.executable, "-m", "linkpass.cli", "config", "check", str(p)],
                        capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert r.returncode == 2 and r.stdout == "" and "Traceback" not in r.stderr
-    assert r.stderr == f"{p}: probe.interval_ms: Input should be greater than or equal to 1 (got 0)\n"
+    lines = r.stderr.splitlines()  # then warnings of this host (the rails' netdevs are not here)
+    assert lines[0] == f"{p}: probe.interval_ms: Input should be greater than or equal to 1 (got 0)", r.stderr
+    assert all(f"{p}: warning: rails[" in x for x in lines[1:]), r.stderr
 
 
 def test_config_without_subcommand_is_one_line(capsys):
@@ -679,3 +693,15 @@ def test_renderer_refuses_a_required_option_without_example():
 def test_render_config_round_trips_the_example():
     cfg = parse_config(render_example())
     assert parse_config(render_config(cfg)) == cfg
+
+
+def test_a_rail_netdev_not_on_this_host_is_a_warning(tmp_path, capsys, netdevs_here):
+    (netdevs_here / "rail1").rmdir()  # a typo in the config looks like this
+    cfg = write(tmp_path, good(tmp_path))
+    rc, out, err = run(capsys, "config", "check", str(cfg))
+    assert rc == 0 and "OK" in out, (out, err)
+    lines = [x for x in err.splitlines() if "rails[" in x]
+    assert lines == [f"{cfg}: warning: rails[1].netdev: 'rail1' is not a netdev on this host (no {netdevs_here / 'rail1'}), "
+                     "so the daemon keeps rail 1 DOWN until it appears"], err
+    rc, out, err = run(capsys, "config", "check", "--no-files", str(cfg))  # checked for another machine
+    assert rc == 0 and "rails[" not in err
