@@ -64,13 +64,20 @@ def test_a_cut_and_heal_as_prometheus_sees_them(cluster):
     assert value(m, "linkpass_rail_state", rail=0, netdev="rail0", state="UP") == 1
     assert value(m, "linkpass_failovers_total", rail=0) == 0
     assert value(m, "process_resident_memory_bytes") > 0
-    # probes between the two hosts: RTT and loss of the fast-probed paths, per rail too
-    m = wait_for(lambda: (lambda s: s if value(s, "linkpass_probe_rtt_seconds", rail=0, peer="h0") else None)(scrape(c, 1)),
-                 timeout=10, what="probe RTT of path (rail 0, h0)")
-    assert 0 < value(m, "linkpass_probe_rtt_seconds", rail=0, peer="h0") < 1
-    assert value(m, "linkpass_probe_loss_ratio", rail=0, peer="h0") is not None
-    assert value(m, "linkpass_probe_replies_total", rail=0, peer="h0") > 0
+    # probes between the two hosts: RTT and loss of the fast-probed paths, per rail too, on h0:
+    # of two hosts probing each other only the smaller name sends probes (and measures RTTs);
+    # h1's paths are proved by h0's requests and may never carry an RTT of their own
+    m = wait_for(lambda: (lambda s: s if value(s, "linkpass_probe_rtt_seconds", rail=0, peer="h1") else None)(scrape(c, 0)),
+                 timeout=10, what="probe RTT of h0's path (rail 0, h1)")
+    assert 0 < value(m, "linkpass_probe_rtt_seconds", rail=0, peer="h1") < 1
+    assert value(m, "linkpass_probe_loss_ratio", rail=0, peer="h1") is not None
+    assert value(m, "linkpass_probe_replies_total", rail=0, peer="h1") > 0
+    m = wait_for(lambda: (lambda s: s if value(s, "linkpass_rail_probe_rtt_seconds", rail=1, netdev="rail1") else None)(scrape(c, 0)),
+                 timeout=10, what="probe RTT of h0's rail 1")
     assert value(m, "linkpass_rail_probe_rtt_seconds", rail=1, netdev="rail1") > 0
+    # h1's probed paths: a loss ratio whether or not they carry an RTT
+    wait_for(lambda: value(scrape(c, 1), "linkpass_probe_loss_ratio", rail=0, peer="h0") is not None,
+             timeout=10, what="probe loss of h1's path (rail 0, h0)")
 
     fab.cut(c.name, 1, 0, "carrier-loss")
     wait_for(lambda: c.route_rails(1, 0) == [1], what="reroute on h1")
