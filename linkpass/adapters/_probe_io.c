@@ -453,6 +453,7 @@ struct raw_dgram {
 typedef struct {
     PyObject_HEAD
     pthread_mutex_t mu;
+    int mu_ok; /* the mutex and the tables exist: the methods may run */
     pthread_t thread;
     int running;
     int stop_pipe[2];
@@ -739,6 +740,19 @@ static void responder_stop(Responder *r)
     }
 }
 
+/* Zero-filled, but with no descriptor: a failed or missing __init__ must not make dealloc
+ * close fd 0. */
+static PyObject *Responder_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    Responder *r = (Responder *)PyType_GenericNew(type, args, kwds);
+    if (r != NULL) {
+        r->fd = -1;
+        r->stop_pipe[0] = r->stop_pipe[1] = -1;
+        r->ovfl = -1;
+    }
+    return (PyObject *)r;
+}
+
 static int Responder_init(Responder *r, PyObject *args, PyObject *kwds)
 {
     static char *kw[] = {"fd", "key", "host", "max_queue", NULL};
@@ -776,6 +790,7 @@ static int Responder_init(Responder *r, PyObject *args, PyObject *kwds)
         PyErr_SetString(PyExc_RuntimeError, "pthread_mutex_init failed");
         goto out;
     }
+    r->mu_ok = 1;
     if (responder_configure_locked(r, &key, &host) < 0)
         goto out;
     if (pipe2(r->stop_pipe, O_CLOEXEC) < 0) {
@@ -808,6 +823,8 @@ static void Responder_dealloc(Responder *r)
         close(r->stop_pipe[0]);
     if (r->stop_pipe[1] >= 0)
         close(r->stop_pipe[1]);
+    if (r->mu_ok)
+        pthread_mutex_destroy(&r->mu);
     EVP_MAC_CTX_free(r->mac);
     PyMem_Free(r->rail_fd);
     PyMem_Free(r->senders);
@@ -816,8 +833,18 @@ static void Responder_dealloc(Responder *r)
     Py_TYPE(r)->tp_free((PyObject *)r);
 }
 
+static int not_started(Responder *r)
+{
+    if (r->mu_ok)
+        return 0;
+    PyErr_SetString(PyExc_RuntimeError, "Responder was not started (its __init__ failed or never ran)");
+    return 1;
+}
+
 static PyObject *Responder_configure(Responder *r, PyObject *args)
 {
+    if (not_started(r))
+        return NULL;
     Py_buffer key, host;
     if (!PyArg_ParseTuple(args, "y*y*", &key, &host))
         return NULL;
@@ -838,6 +865,8 @@ static PyObject *Responder_set_rail(Responder *r, PyObject *args)
 {
     unsigned int rail;
     int fd;
+    if (not_started(r))
+        return NULL;
     if (!PyArg_ParseTuple(args, "Ii", &rail, &fd))
         return NULL;
     if (rail > 0xffff) {
@@ -884,6 +913,8 @@ static PyObject *Responder_take(Responder *r, PyObject *noargs)
     unsigned long long answered, answer_errors, dropped;
     long long ovfl;
     int err;
+    if (not_started(r))
+        return NULL;
     /* swap the queue out under the lock; build the tuples after */
     Py_BEGIN_ALLOW_THREADS
     pthread_mutex_lock(&r->mu);
@@ -952,7 +983,7 @@ static PyTypeObject ResponderType = {
     .tp_doc = "The responder socket read and answered on a thread of its own (see the module source).",
     .tp_basicsize = sizeof(Responder),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_new = PyType_GenericNew,
+    .tp_new = Responder_new,
     .tp_init = (initproc)Responder_init,
     .tp_dealloc = (destructor)Responder_dealloc,
     .tp_methods = responder_methods,

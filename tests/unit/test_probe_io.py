@@ -487,3 +487,19 @@ def test_the_threaded_responder_answers_rejects_and_counts_as_the_python_datapat
             peer.close()
     assert results["c"] == results["python"]
     assert results["c"][0]["answered"] == 10 and results["c"][0]["rejected_replay"] == 1
+
+
+def test_a_responder_that_never_started_is_an_error_not_a_crash_and_closes_nothing():
+    import os
+
+    r = native.Responder.__new__(native.Responder)
+    for call in (r.take, lambda: r.set_rail(1, 2), lambda: r.configure(KEY, b"h0")):
+        with pytest.raises(RuntimeError, match="not started"):
+            call()
+    r.stop()
+    del r
+    with pytest.raises(TypeError):
+        native.Responder()  # a failed __init__: dealloc must not close descriptor 0
+    with pytest.raises(ValueError):
+        native.Responder(0, KEY, b"")
+    os.fstat(0)
