@@ -54,7 +54,7 @@ from linkpass.adapters.metrics import DaemonMetrics, MetricsError
 from linkpass.adapters.nccl_file import NcclEnvFile
 from linkpass.adapters.netlink import NetlinkMonitor
 from linkpass.adapters.notices import NoticeService
-from linkpass.adapters.prober import Prober
+from linkpass.adapters.prober import Prober, datapath_problem
 from linkpass.adapters.ports import HookNotifier
 from linkpass.adapters import sched
 from linkpass.adapters.routes import RouteActuator, RouteSettings
@@ -319,7 +319,10 @@ class Daemon:
         self.monitor = NetlinkMonitor(self._post_observed, self._route_filter, cfg.daemon.netlink_rcvbuf_bytes)
         self.routes = RouteActuator(self.queue.put_nowait, route_settings(cfg))
         self.notices = NoticeService(cfg, self.key, self._post_observed) if self.key else None
-        self.prober = Prober(cfg, self.key, self.probe_filter) if (self.key and cfg.probe.enabled) else None
+        try:
+            self.prober = Prober(cfg, self.key, self.probe_filter) if (self.key and cfg.probe.enabled) else None
+        except RuntimeError as e:  # datapath "c" without the C module (linkpass config check says so too)
+            raise StartError(f"{config_path}: probe.datapath: {datapath_problem(cfg) or e}") from None
         if cfg.probe.enabled and not self.key:
             log.warning("probing needs notice_key_file (probes are authenticated with it): probes are disabled")
         # torch hooks (torch_hooks.client): registrations in, a notice per plan generation out

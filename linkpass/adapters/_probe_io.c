@@ -456,6 +456,7 @@ typedef struct {
     int mu_ok; /* the mutex and the tables exist: the methods may run */
     pthread_t thread;
     int running;
+    int stopping; /* set (atomically) by stop(): the thread leaves after its current batch */
     int stop_pipe[2];
     int fd;
     EVP_MAC_CTX *mac;
@@ -640,10 +641,11 @@ static void handle_dgram(Responder *r, const unsigned char *d, size_t n, const s
                         g->seq = (uint64_t)e;
                     }
                 }
-                /* not answered: nothing proves the path (Python's order: answer, then proof) */
-                return;
+            } else {
+                r->answered++;
             }
-            r->answered++;
+            /* the request proves the path whether or not our reply left (as the Python
+             * datapath: _answer counts its error, then _proof) */
             kind = 5;
         }
     }
@@ -683,11 +685,12 @@ static void *responder_main(void *arg)
             prepare_msgs(msgs, iov, names, r->bufs, r->ctrl, BATCH);
             int got = recvmmsg(r->fd, msgs, BATCH, MSG_DONTWAIT, NULL);
             if (got < 0) {
-                if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+                int e = errno;
+                if (e != EAGAIN && e != EWOULDBLOCK && e != EINTR) {
                     pthread_mutex_lock(&r->mu);
-                    r->err = errno;
+                    r->err = e;
                     pthread_mutex_unlock(&r->mu);
-                    if (errno == EBADF)
+                    if (e == EBADF)
                         return NULL;
                 }
                 break;
@@ -699,17 +702,22 @@ static void *responder_main(void *arg)
                 handle_dgram(r, r->bufs[i], msgs[i].msg_len, &names[i], arrival);
             }
             pthread_mutex_unlock(&r->mu);
+            /* a flood that keeps the queue full must not keep stop() waiting */
+            if (__atomic_load_n(&r->stopping, __ATOMIC_ACQUIRE))
+                return NULL;
             if (got < BATCH)
                 break;
         }
     }
 }
 
-static int responder_configure_locked(Responder *r, Py_buffer *key, Py_buffer *host)
+/* A MAC context keyed with `key` for this host name (checked: 1..MAX_NAME bytes); NULL with
+ * an exception set. */
+static EVP_MAC_CTX *keyed_for(Py_buffer *key, Py_buffer *host)
 {
     if (host->len < 1 || host->len > MAX_NAME) {
         PyErr_SetString(PyExc_ValueError, "host names must be 1..64 bytes");
-        return -1;
+        return NULL;
     }
     EVP_MAC_CTX *ctx = EVP_MAC_CTX_new(mac_alg);
     OSSL_PARAM params[] = {
@@ -719,25 +727,34 @@ static int responder_configure_locked(Responder *r, Py_buffer *key, Py_buffer *h
     if (ctx == NULL || !EVP_MAC_init(ctx, key->buf, (size_t)key->len, params)) {
         EVP_MAC_CTX_free(ctx);
         PyErr_SetString(PyExc_RuntimeError, "OpenSSL HMAC-SHA256 could not be keyed");
-        return -1;
+        return NULL;
     }
-    EVP_MAC_CTX_free(r->mac);
+    return ctx;
+}
+
+/* Swaps in `ctx` and the host name (the mutex held, or the thread not running); returns the
+ * context it replaced, for the caller to free outside the lock. */
+static EVP_MAC_CTX *swap_key_locked(Responder *r, EVP_MAC_CTX *ctx, Py_buffer *host)
+{
+    EVP_MAC_CTX *old = r->mac;
     r->mac = ctx;
     memcpy(r->host, host->buf, (size_t)host->len);
     r->host_len = (size_t)host->len;
-    return 0;
+    return old;
 }
 
 static void responder_stop(Responder *r)
 {
-    if (r->running) {
-        ssize_t w = write(r->stop_pipe[1], "x", 1);
-        (void)w;
-        Py_BEGIN_ALLOW_THREADS
-        pthread_join(r->thread, NULL);
-        Py_END_ALLOW_THREADS
-        r->running = 0;
-    }
+    if (!r->running)
+        return;
+    r->running = 0; /* before the GIL is let go: a second stop() returns at once */
+    pthread_t t = r->thread;
+    __atomic_store_n(&r->stopping, 1, __ATOMIC_RELEASE);
+    ssize_t w = write(r->stop_pipe[1], "x", 1);
+    (void)w;
+    Py_BEGIN_ALLOW_THREADS
+    pthread_join(t, NULL);
+    Py_END_ALLOW_THREADS
 }
 
 /* Zero-filled, but with no descriptor: a failed or missing __init__ must not make dealloc
@@ -762,9 +779,11 @@ static int Responder_init(Responder *r, PyObject *args, PyObject *kwds)
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "iy*y*|n", kw, &fd, &key, &host, &max_queue))
         return -1;
     int rc = -1;
-    if (r->running || r->q != NULL) {
+    if (r->running || r->q != NULL) { /* not through `out`: that would undo the running one */
         PyErr_SetString(PyExc_RuntimeError, "Responder already started");
-        goto out;
+        PyBuffer_Release(&key);
+        PyBuffer_Release(&host);
+        return -1;
     }
     if (max_queue < 1) {
         PyErr_SetString(PyExc_ValueError, "max_queue must be positive");
@@ -791,8 +810,10 @@ static int Responder_init(Responder *r, PyObject *args, PyObject *kwds)
         goto out;
     }
     r->mu_ok = 1;
-    if (responder_configure_locked(r, &key, &host) < 0)
+    EVP_MAC_CTX *ctx = keyed_for(&key, &host);
+    if (ctx == NULL)
         goto out;
+    EVP_MAC_CTX_free(swap_key_locked(r, ctx, &host)); /* no thread yet */
     if (pipe2(r->stop_pipe, O_CLOEXEC) < 0) {
         PyErr_SetFromErrno(PyExc_OSError);
         goto out;
@@ -811,6 +832,26 @@ static int Responder_init(Responder *r, PyObject *args, PyObject *kwds)
     r->running = 1;
     rc = 0;
 out:
+    if (rc < 0) { /* back to the state of a new object: nothing leaks, __init__ may be retried */
+        if (r->mu_ok)
+            pthread_mutex_destroy(&r->mu);
+        r->mu_ok = 0;
+        for (int i = 0; i < 2; i++) {
+            if (r->stop_pipe[i] >= 0)
+                close(r->stop_pipe[i]);
+            r->stop_pipe[i] = -1;
+        }
+        EVP_MAC_CTX_free(r->mac);
+        r->mac = NULL;
+        PyMem_Free(r->rail_fd);
+        PyMem_Free(r->senders);
+        PyMem_Free(r->q);
+        PyMem_Free(r->raw);
+        r->rail_fd = NULL;
+        r->senders = NULL;
+        r->q = NULL;
+        r->raw = NULL;
+    }
     PyBuffer_Release(&key);
     PyBuffer_Release(&host);
     return rc;
@@ -848,15 +889,19 @@ static PyObject *Responder_configure(Responder *r, PyObject *args)
     Py_buffer key, host;
     if (!PyArg_ParseTuple(args, "y*y*", &key, &host))
         return NULL;
-    int rc;
-    Py_BEGIN_ALLOW_THREADS
-    pthread_mutex_lock(&r->mu);
-    Py_END_ALLOW_THREADS
-    rc = responder_configure_locked(r, &key, &host);
-    pthread_mutex_unlock(&r->mu);
+    /* keyed before the lock, swapped without the GIL: the thread never waits on the GIL */
+    EVP_MAC_CTX *ctx = keyed_for(&key, &host), *old = NULL;
+    if (ctx != NULL) {
+        Py_BEGIN_ALLOW_THREADS
+        pthread_mutex_lock(&r->mu);
+        old = swap_key_locked(r, ctx, &host);
+        pthread_mutex_unlock(&r->mu);
+        Py_END_ALLOW_THREADS
+        EVP_MAC_CTX_free(old);
+    }
     PyBuffer_Release(&key);
     PyBuffer_Release(&host);
-    if (rc < 0)
+    if (ctx == NULL)
         return NULL;
     Py_RETURN_NONE;
 }
@@ -910,39 +955,46 @@ static PyObject *Responder_take(Responder *r, PyObject *noargs)
     struct qitem *q = NULL;
     struct raw_dgram *raw = NULL;
     size_t n = 0, nraw = 0;
-    unsigned long long answered, answer_errors, dropped;
-    long long ovfl;
-    int err;
+    unsigned long long answered = 0, answer_errors = 0, dropped = 0;
+    long long ovfl = -1;
+    int err = 0;
     if (not_started(r))
         return NULL;
-    /* swap the queue out under the lock; build the tuples after */
+    /* copy the queue out under the lock, all without the GIL (the thread never waits on the
+     * GIL through the mutex); build the tuples after */
+    int nomem = 0;
     Py_BEGIN_ALLOW_THREADS
     pthread_mutex_lock(&r->mu);
-    Py_END_ALLOW_THREADS
     n = r->qlen;
     nraw = r->nraw;
     if (n) {
         q = PyMem_RawMalloc(n * sizeof *q);
         raw = nraw ? PyMem_RawMalloc(nraw * sizeof *raw) : NULL;
         if (q == NULL || (nraw && raw == NULL)) {
-            pthread_mutex_unlock(&r->mu);
-            PyMem_RawFree(q);
-            PyMem_RawFree(raw);
-            return PyErr_NoMemory();
+            nomem = 1;
+        } else {
+            memcpy(q, r->q, n * sizeof *q);
+            if (nraw)
+                memcpy(raw, r->raw, nraw * sizeof *raw);
         }
-        memcpy(q, r->q, n * sizeof *q);
-        if (nraw)
-            memcpy(raw, r->raw, nraw * sizeof *raw);
     }
-    r->qlen = r->nraw = 0;
-    answered = r->answered;
-    answer_errors = r->answer_errors;
-    dropped = r->dropped;
-    r->answered = r->answer_errors = r->dropped = 0;
-    ovfl = r->ovfl;
-    err = r->err;
-    r->err = 0;
+    if (!nomem) {
+        r->qlen = r->nraw = 0;
+        answered = r->answered;
+        answer_errors = r->answer_errors;
+        dropped = r->dropped;
+        r->answered = r->answer_errors = r->dropped = 0;
+        ovfl = r->ovfl;
+        err = r->err;
+        r->err = 0;
+    }
     pthread_mutex_unlock(&r->mu);
+    Py_END_ALLOW_THREADS
+    if (nomem) {
+        PyMem_RawFree(q);
+        PyMem_RawFree(raw);
+        return PyErr_NoMemory();
+    }
 
     PyObject *items = PyList_New((Py_ssize_t)n);
     if (items != NULL) {

@@ -4,13 +4,14 @@ Responder: one UDP socket on ``0.0.0.0:probe.port``.  An authenticated request a
 this host is answered over the rail it names (from this host's per-rail socket for that rail
 id, bound to the rail netdev), so the reply takes the probed rail back even when our routes
 carry the prober's rail addresses elsewhere; a request naming a rail we do not have is answered
-from the responder socket.  The responder keeps no state.
+from the responder socket.  The responder's only state is the request replay guard (per
+prober, RFC 4303's anti-replay window: :class:`linkpass.core.probe.RequestGuard`).
 
 Sender: per rail, a UDP socket bound to the rail netdev (``SO_BINDTODEVICE``, needs
 CAP_NET_RAW), so a probe really leaves over that rail (a /32 route of ours via another rail
 does not apply to it); replies come back to the same socket.  Which paths are probed when is
 :class:`linkpass.core.probe.Schedule`'s decision: per rail a fast set (``fast_peers`` peers,
-``set_priority_peers`` first, then config order) every ``interval_ms``, every other peer swept
+``set_priority_peers`` first, then :func:`ring_order`) every ``interval_ms``, every other peer swept
 round-robin every ``slow_interval_ms``, at most ``max_pps`` probes per second (the slow sweep
 yields first).
 
@@ -25,7 +26,7 @@ we sent proves the path works both ways.  So the host with the larger name, as l
 evidence came within 1.5 intervals, leaves its regular fast probe to that peer out and expects
 the next evidence within 1.5 intervals instead; when that passes it counts a miss and starts a
 confirm train of real probes, like for a missed probe.  This halves the probe packets of a
-symmetric fast set (most of the prober's CPU is the kernel's per-packet cost), and detection
+symmetric fast set (each datagram costs the prober its handling and the kernel its delivery), and detection
 stays at BFD's time: the silence rule runs on the evidence time like on a reply time.  An ack
 counts once and only when newer than the last one counted, so a replayed request proves nothing.
 
@@ -148,18 +149,27 @@ def _arrival_of(item: tuple) -> int:
     return item[-1]  # the kernel receive time of a recv_batch item (0: none, first)
 
 
+def datapath_problem(cfg: Config) -> str | None:
+    """Why ``[probe] datapath`` cannot be had on this install (None: it can): "c" asked for and
+    :mod:`linkpass.adapters._probe_io` not built.  The daemon refuses to start on it and
+    ``linkpass config check`` reports it (exit 2)."""
+    if cfg.probe.datapath == "c" and native_io is None:
+        return ('"c", but linkpass.adapters._probe_io was not built (`make install` builds it; it needs gcc, '
+                'the Python headers and libssl-dev); "auto" falls back to the Python datapath')
+    return None
+
+
 def native_datapath(cfg: Config) -> bool:
     """Whether the prober reads and answers through :mod:`linkpass.adapters._probe_io`:
     ``[probe] datapath`` "c" or "auto" and the module built (else the Python path).
 
     Raises:
-        RuntimeError: "c" asked for and the module was not built."""
-    want = cfg.probe.datapath
-    if want == "python":
+        RuntimeError: "c" asked for and the module was not built (:func:`datapath_problem`)."""
+    if cfg.probe.datapath == "python":
         return False
-    if native_io is None and want == "c":
-        raise RuntimeError("[probe] datapath = \"c\", but linkpass.adapters._probe_io was not built "
-                           "(`make install` builds it; it needs gcc, the Python headers and libssl-dev)")
+    why = datapath_problem(cfg)
+    if why is not None:
+        raise RuntimeError(f"[probe] datapath = {why}")
     return native_io is not None
 
 

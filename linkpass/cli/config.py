@@ -301,17 +301,18 @@ def file_problems(cfg: Config, source: str, complete: bool = True) -> tuple[list
     """Read the files ``cfg`` names as the daemon does, with the daemon's own functions.
 
     Problems stop the daemon at start (exit 2): the notice key file
-    (:func:`linkpass.config.notice_key`) and, with ``[topology] rails = "auto"``, the peers file
-    (:func:`linkpass.autoconf.read_peers_file`) and discovery finding no compute NIC with a netdev
-    (:func:`linkpass.discovery.resolve_live`, what the daemon runs at start).  Warnings do not: no
-    ``notice_key_file`` (the daemon runs with peer notices and probes off), lines of the peers
-    file that the daemon skips, discovery's warnings, a ``peers_file`` that is not read (rails not "auto"),
-    a configured rail whose netdev is not on this host (:func:`absent_netdevs`), a
-    ``[risk] sysfs_root`` that is not a sysfs root (counter trends off), and with
-    ``mqtt.enabled`` the broker password and TLS files, checked by the MQTT adapter's
-    :func:`~linkpass.adapters.mqtt_credentials.read_password_file` and
-    :func:`~linkpass.adapters.mqtt_credentials.build_tls_context` (the daemon logs those and runs without
-    alerts).
+    (:func:`linkpass.config.notice_key`), ``[probe] datapath = "c"`` where the C module was not
+    built (:func:`linkpass.adapters.prober.datapath_problem`) and, with ``[topology] rails =
+    "auto"``, the peers file (:func:`linkpass.autoconf.read_peers_file`) and discovery finding no
+    compute NIC with a netdev (:func:`linkpass.discovery.resolve_live`, what the daemon runs at
+    start).  Warnings do not: no ``notice_key_file`` (the daemon runs with peer notices and probes
+    off), lines of the peers file that the daemon skips, discovery's warnings, a ``peers_file``
+    that is not read (rails not "auto"), a configured rail whose netdev is not on this host
+    (:func:`absent_netdevs`), a ``[risk] sysfs_root`` that is not a sysfs root (counter trends
+    off), and with ``mqtt.enabled`` the broker password and TLS files, checked by the MQTT
+    adapter's :func:`~linkpass.adapters.mqtt_credentials.read_password_file` and
+    :func:`~linkpass.adapters.mqtt_credentials.build_tls_context` (the daemon logs those and runs
+    without alerts).
 
     Args:
         cfg: the validated config, or (``complete=False``) the sections of an invalid one that
@@ -359,6 +360,12 @@ def file_problems(cfg: Config, source: str, complete: bool = True) -> tuple[list
                         '[topology] rails = "auto"')
     if not (cfg.topology is not None and cfg.auto):
         warnings += [f"{source}: warning: {w}" for w in absent_netdevs(cfg)]
+    if getattr(cfg, "probe", None) is not None:
+        from linkpass.adapters.prober import datapath_problem
+
+        why = datapath_problem(cfg)
+        if why is not None:  # `linkpass run` refuses to start on it
+            problems.append(f"{source}: probe.datapath: {why}")
     if cfg.risk is not None and cfg.risk.enabled:
         from linkpass.adapters.risk_source import sysfs_root_problem
 
@@ -434,13 +441,14 @@ def register(subparsers) -> None:
     sub = c.add_subparsers(dest="config_command", required=True, metavar="check|show")
     k = sub.add_parser("check", help="validate FILE: exit 0, or one line per problem and exit 2",
                        description="Validate FILE as the daemon does at start, including the files it names "
-                       "(notice key, peers file, discovery with rails = \"auto\"; MQTT password and TLS files and a missing "
-                       "notice_key_file give warnings only): FILE: OK and "
+                       "(notice key, peers file, discovery with rails = \"auto\", datapath = \"c\" without the C module; "
+                       "MQTT password and TLS files, a missing notice_key_file and [[rails]] netdevs not on this host give "
+                       "warnings only): FILE: OK and "
                        "exit 0, or one line per problem and exit 2.")
     k.add_argument("file", metavar="FILE", help="TOML config file")
     k.add_argument("--no-files", action="store_true",
-                   help="do not read the files the config names (notice_key_file, peers_file, MQTT files), e.g. "
-                   "to check a config on another machine than its node")
+                   help="do not read the files the config names (notice_key_file, peers_file, MQTT files) and skip "
+                   "the netdev checks and discovery, e.g. to check a config on another machine than its node")
     k.set_defaults(func=cmd_check)
     s = sub.add_parser("show", help="print FILE's effective config, or the defaults of every option")
     s.add_argument("file", nargs="?", metavar="FILE", help="TOML config file (print it validated, defaults filled in)")

@@ -178,9 +178,11 @@ class ProbeSection(_Strict):
     fast_peers: StrictInt = Field(2, ge=0, le=1024, description="Peers per rail probed at the fast interval (hook-registered peers first, then ring neighbours).")
     slow_interval_ms: StrictInt = Field(1000, ge=10, le=600_000, description="Interval at which the other peers are swept.")
     max_pps: StrictInt = Field(2000, ge=1, le=1_000_000, description="Upper bound on probes sent per second by this host, whatever the peer count.")
-    datapath: Literal["auto", "c", "python"] = Field("auto", description='Probe datagram reading, MAC check and replies: "c" '
-                                                     '(linkpass.adapters._probe_io, built by make install), "python", or "auto" '
-                                                     '(c when built). Decisions are the same on both.')
+    datapath: Literal["auto", "c", "python"] = Field("auto", description='Probe datagram path: "c" (linkpass.adapters._probe_io, built by '
+                                                     'make install: reads, MAC checks and sends in C, and answers requests on a '
+                                                     'thread of its own, off the event loop), "python", or "auto" (c when built, '
+                                                     'else python). "c" where the module was not built: the daemon does not start. '
+                                                     'Decisions are the same on both.')
     rail_down_share: FiniteFloat = Field(0.5, gt=0, le=1, description="A rail fails when more than this share of its answering peers are DOWN.")
     loss_window_ms: StrictInt = Field(2000, ge=100, le=600_000, description="Window for the loss ratio of a rail.")
     degraded_loss: FiniteFloat = Field(0.1, gt=0, le=1, description="Loss ratio over the window that marks a rail DEGRADED.")

@@ -705,3 +705,18 @@ def test_a_rail_netdev_not_on_this_host_is_a_warning(tmp_path, capsys, netdevs_h
                      "so the daemon keeps rail 1 DOWN until it appears"], err
     rc, out, err = run(capsys, "config", "check", "--no-files", str(cfg))  # checked for another machine
     assert rc == 0 and "rails[" not in err
+
+
+def test_datapath_c_without_the_c_module_is_a_problem_as_the_daemon_refuses_it(tmp_path, capsys, monkeypatch):
+    from linkpass.adapters import prober as prober_mod
+
+    monkeypatch.setattr(prober_mod, "native_io", None)
+    cfg = write(tmp_path, edit("interval_ms = 20", 'interval_ms = 20\ndatapath = "c"', good(tmp_path)))
+    rc, out, err = run(capsys, "config", "check", str(cfg))
+    assert rc == 2 and out == ""
+    assert err.splitlines() == [f'{cfg}: probe.datapath: "c", but linkpass.adapters._probe_io was not built (`make install` '
+                                "builds it; it needs gcc, the Python headers and libssl-dev); \"auto\" falls back to the "
+                                "Python datapath"], err
+    cfg.write_text(cfg.read_text().replace('datapath = "c"', 'datapath = "auto"'))
+    rc, out, err = run(capsys, "config", "check", str(cfg))
+    assert rc == 0, err

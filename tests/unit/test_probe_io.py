@@ -503,3 +503,39 @@ def test_a_responder_that_never_started_is_an_error_not_a_crash_and_closes_nothi
     with pytest.raises(ValueError):
         native.Responder(0, KEY, b"")
     os.fstat(0)
+
+
+def test_a_reply_that_cannot_leave_is_counted_and_the_request_still_proves_the_path(responder):
+    """As the Python datapath: _answer counts the error, then _proof takes the request."""
+    import os
+
+    r, resp, peer = responder
+    rd, wr = os.pipe()  # not a socket: sendto fails (ENOTSOCK)
+    try:
+        r.set_rail(7, wr)
+        peer.sendto(encode(Probe(REQUEST, "h1", HOST, 7, 1, 1, 5), KEY), resp.getsockname())
+        items, answered, errors, _dropped = _take(r, 1)
+        r.set_rail(7, -1)
+    finally:
+        os.close(rd)
+        os.close(wr)
+    assert (answered, errors) == (0, 1)
+    assert items[0][:6] == (prober_mod._ANSWERED_ITEM, "h1", 7, 1, 1, 5)
+
+
+def test_the_daemon_refuses_datapath_c_without_the_module_in_one_line(tmp_path, monkeypatch):
+    from linkpass.config import load_config
+    from linkpass.daemon import Daemon, StartError
+
+    key = tmp_path / "notice.key"
+    key.write_text("0123456789abcdef0123456789abcdef\n")
+    key.chmod(0o600)
+    cfg = tmp_path / "lp.toml"
+    cfg.write_text(f'[daemon]\nhost = "h0"\nhost_ip = "198.19.0.1"\ncontrol_socket = "{tmp_path}/c.sock"\n'
+                   f'notice_key_file = "{key}"\n[[rails]]\nid = 0\nnetdev = "rail0"\n[probe]\ndatapath = "c"\n'
+                   '[nccl]\nwrite_env_file = false\n')
+    monkeypatch.setattr(prober_mod, "native_io", None)
+    with pytest.raises(StartError) as ei:
+        Daemon(str(cfg), load_config(cfg))
+    msg = str(ei.value)
+    assert msg.startswith(f'{cfg}: probe.datapath: "c", but linkpass.adapters._probe_io was not built') and "\n" not in msg
