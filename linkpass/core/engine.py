@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import heapq
 import logging
-import math
 from collections import Counter, deque
 
 from linkpass.core.health import AT_RISK, RailHealth, RailState, Transition
@@ -53,6 +52,7 @@ from linkpass.core.model import (
     WriteNcclEnv,
 )
 from linkpass.core.damping import FlapDamper
+from linkpass.core.lossy import two_proportion_z
 from linkpass.core.nccl_env import NcclContext
 from linkpass.core.nccl_env import RailHealth as NcclRail
 from linkpass.core.paths import PathHealth, PathState
@@ -80,17 +80,6 @@ _NO_PART = (0, 0, 0, 0)
 #: True (tests/conftest.py sets it for the whole suite): every probe verdict made from the
 #: per-rail counts is checked against a scan of the rail's paths, and a difference raises
 CHECK_COUNTS = False
-
-
-def _two_proportion_z(worse: tuple[float, int], better: tuple[float, int]) -> float:
-    """z score of 'loss ratio ``worse`` over its n results exceeds ``better`` over its n'
-    (pooled two-proportion test; +inf when both are exact and ``worse`` is higher)."""
-    (lw, nw), (lb, nb) = worse, better
-    p = (lw * nw + lb * nb) / (nw + nb)
-    se = math.sqrt(p * (1 - p) * (1 / nw + 1 / nb))
-    if se == 0:
-        return math.inf if lw > lb else 0.0
-    return (lw - lb) / se
 
 
 class Engine:
@@ -774,7 +763,7 @@ class Engine:
         if best is None:
             return True  # nowhere else to go: what the plan does then is its business
         need = 2.0 if k in self._plan_path_down else 4.0
-        return _two_proportion_z(mine, best) >= need
+        return two_proportion_z(mine, best) >= need
 
     def _lossy_hold_ns(self) -> int:
         """How long a lossy path alone stays lossy before routes leave it: as long as the loss
@@ -989,7 +978,7 @@ class Engine:
                 if b != d and b not in self.degraded and lb is not None and lb[1] >= 20:
                     lost += lb[0] * lb[1]
                     n += lb[1]
-            if n and _two_proportion_z(self.loss[d], (lost / n, n)) >= need:
+            if n and two_proportion_z(self.loss[d], (lost / n, n)) >= need:
                 out.add(d)
         return frozenset(out)
 

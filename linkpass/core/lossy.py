@@ -49,6 +49,17 @@ import math
 from dataclasses import dataclass
 
 
+def two_proportion_z(worse: tuple[float, int], better: tuple[float, int]) -> float:
+    """z score of 'loss ratio ``worse`` over its n results exceeds ``better`` over its n'
+    (pooled two-proportion test; +inf when both are exact and ``worse`` is higher)."""
+    (lw, nw), (lb, nb) = worse, better
+    p = (lw * nw + lb * nb) / (nw + nb)
+    se = math.sqrt(p * (1 - p) * (1 / nw + 1 / nb))
+    if se == 0:
+        return math.inf if lw > lb else 0.0
+    return (lw - lb) / se
+
+
 @dataclass(frozen=True)
 class LossTest:
     """Parameters of the test, derived from the ``[probe]`` knobs.

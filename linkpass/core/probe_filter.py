@@ -11,7 +11,9 @@ Paths that have never answered are left out of the loss ratio (their peer may no
 yet), and so are dead paths (20 misses in a row, or 2 x detect_multiplier if more, until they answer again): a
 dead peer is a path problem, not loss on the rail.  Nor are misses the prober marks
 ``peer_elsewhere=False`` (the peer answered on none of our rails meanwhile): a peer that is
-silent everywhere at once says nothing about any one rail.
+silent everywhere at once says nothing about any one rail.  And the ratio posted leaves out a path
+that loses clearly more than the rail's other paths (:meth:`ProbeFilter._spread`): loss on our
+end of a rail reaches every peer, one peer's fault does not.
 
 Nor are *explained* misses: those of a probe outstanding while our end of the rail had no
 carrier (or was down, or gone), or while the peer had announced the rail unusable at its end,
@@ -36,13 +38,19 @@ import dataclasses
 from collections import deque
 from collections.abc import Callable
 
-from linkpass.core.lossy import LossTest, PathLossTest
+from linkpass.core.lossy import LossTest, PathLossTest, two_proportion_z
 from collections.abc import Mapping
 
 from linkpass.core.model import Event, LinkChanged, LinkSnapshot, PathLossy, PeerRails, ProbeLoss, ProbeResult
 from linkpass.core.policy import ProbePolicy
 
 REPORT_S = 0.25
+# one path's loss is its own, not the rail's, when it stands out this clearly from the rail's other
+# paths (one-sided two-proportion z): by chance 1 in 740 with equal loss on 2 paths.  A path that
+# goes silent among 2 stands out before its misses can move traffic (engine.avoided_degraded: z >= 4
+# against a clean rail; checked for windows of 1 to 100 results per path); in a window of fewer than
+# 32 results per path (the first 0.3 s at 10 ms) it can still flag the rail DEGRADED for a moment
+OUTLIER_Z = 3.0
 REPORT_NS = int(REPORT_S * 1e9)
 
 
@@ -80,6 +88,8 @@ class ProbeFilter:
         self.rail_lost: dict[int, int] = {}  # ... and of those, lost
         self.last_report: dict[int, int] = {}  # rail -> t_ns of its last ProbeLoss
         self.last_side: dict[int, bool] = {}
+        self.rail_keys: dict[int, list[tuple[int, str]]] = {}  # rail -> its paths with a window
+        self.worst: dict[int, tuple[tuple[int, str] | None, int]] = {}  # rail -> (path left out, when chosen)
         self.tests: dict[tuple[int, str], PathLossTest] = {}  # path -> its sequential loss test
         self.lossy: set[tuple[int, str]] = set()  # paths it calls lossy now
         self.before_streak: dict[tuple[int, str], tuple] = {}  # path -> its test's state before its misses in a row
@@ -267,6 +277,7 @@ class ProbeFilter:
         self.streak[key] = 0 if ev.ok else self.streak.get(key, 0) + 1
         if win is None:
             win = self.path_window[key] = deque()
+            self.rail_keys.setdefault(rail, []).append(key)
         if was_live:  # take the path's old contribution out of the rail's totals
             self.rail_n[rail] = self.rail_n.get(rail, 0) - len(win)
             self.rail_lost[rail] = self.rail_lost.get(rail, 0) - self.path_lost.get(key, 0)
@@ -286,7 +297,7 @@ class ProbeFilter:
             self.rail_lost[rail] = self.rail_lost.get(rail, 0) + self.path_lost[key]
         n = self._expire(rail, q, t - self.probe.loss_window_ms * 1_000_000, self.rail_n.get(rail, 0))
         self.rail_n[rail] = n
-        self._report(rail, self.rail_lost.get(rail, 0) / n if n else 0.0, n, t)
+        self._report(rail, n, t)
         return True
 
     def _window_answer(self, key: tuple[int, str], rail: int, t: int, win: deque) -> None:
@@ -303,7 +314,7 @@ class ProbeFilter:
         if q[0][0][0] < horizon:
             n = self._expire(rail, q, horizon, n)
         self.rail_n[rail] = n
-        self._report(rail, self.rail_lost.get(rail, 0) / n if n else 0.0, n, t)
+        self._report(rail, n, t)
 
     def _expire(self, rail: int, q: deque, horizon: int, n: int) -> int:
         """Drop the rail's window entries from before ``horizon`` (ns), from their path's window
@@ -330,14 +341,59 @@ class ProbeFilter:
             self.rail_lost[rail] -= lost_gone
         return n
 
-    def _report(self, rail: int, ratio: float, n: int, t_ns: int) -> None:
-        """Post the rail's ratio at most every REPORT_S, and at once when it crosses the
-        DEGRADED threshold."""
-        side = ratio > self.probe.degraded_loss
+    def _report(self, rail: int, n: int, t_ns: int) -> None:
+        """Post the rail's ratio (``n`` results in its window, :meth:`_spread`) at most every
+        REPORT_S, and at once when it crosses the DEGRADED threshold."""
+        lost = self.rail_lost.get(rail, 0)
+        thr = self.probe.degraded_loss
+        if lost > n * thr / 2:  # the engine's hysteresis band: only here can one path's share change a verdict
+            lost, n = self._spread(rail, lost, n, t_ns)
+        ratio = lost / n if n else 0.0
+        side = ratio > thr
         if side != self.last_side.get(rail, False) or t_ns - self.last_report.get(rail, -REPORT_NS) >= REPORT_NS:
             self.last_side[rail] = side
             self.last_report[rail] = t_ns
             self.post(ProbeLoss(rail, ratio, n, t_ns))
+
+    def _spread(self, rail: int, lost: int, n: int, t_ns: int) -> tuple[int, int]:
+        """The rail's (lost, results) without the live path whose results raise its ratio
+        most, when that path loses clearly more than the rail's other paths together
+        (two-proportion z >= ``OUTLIER_Z``); else the rail's own (lost, results).
+
+        DEGRADED says our end of the rail loses, which every peer over it sees.  One peer's
+        fault (its port blackholed, lossy, or its daemon stalled) is that path's business (the
+        path's state and its loss test): it must not move this host's traffic to every other
+        peer off the rail, nor make this host tell every peer that the rail is unusable at its
+        end (which would spread one port's fault to every host that talks to it).  Before a dead
+        path leaves the window (:meth:`_dead_streak` misses in a row) its misses alone put a
+        2-peer rail over 10 % (a blackholed port on one host made both of its peers avoid the
+        rail for each other).  Loss on our end reaches every path about equally, and no path
+        stands out: the ratio stays the rail's.  With one path the ends cannot be told apart.
+
+        The path is chosen at most once per probe interval (a scan of the rail's paths), and
+        only while the ratio is in the hysteresis band (``lost > n x degraded_loss / 2``);
+        between scans the same path is left out of the current totals."""
+        key, at = self.worst.get(rail, (None, -1))
+        if at < 0 or t_ns - at >= self.probe.interval_ms * 1_000_000:
+            key, best = None, (lost, n)
+            for k in self.rail_keys.get(rail, ()):
+                win = self.path_window[k]
+                if not win or not self._live(k):
+                    continue
+                rn, rl = n - len(win), lost - self.path_lost[k]
+                if rn > 0 and rl * best[1] < best[0] * rn:  # rl / rn < best ratio
+                    key, best = k, (rl, rn)
+            if key is not None:
+                own = (self.path_lost[key] / len(self.path_window[key]), len(self.path_window[key]))
+                if two_proportion_z(own, (best[0] / best[1], best[1])) < OUTLIER_Z:
+                    key = None
+            self.worst[rail] = (key, t_ns)
+        if key is None:
+            return lost, n
+        win = self.path_window[key]
+        if not win or not self._live(key) or len(win) >= n:
+            return lost, n
+        return lost - self.path_lost[key], n - len(win)
 
 
 def loss_test(probe: ProbePolicy) -> LossTest:

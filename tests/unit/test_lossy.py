@@ -254,9 +254,46 @@ def test_one_lossy_peer_is_a_path_problem_not_a_rail_problem():
     assert rail_downs(e, 0) == [] and 0 in e.local_usable()
     h1_ip = str(cfg.peers[0].host_ip)
     routes = {r.dst: sorted(n.rail for n in r.nexthops) for r in e.plan.routes}
-    assert routes[f"{h1_ip}/32"] == [1]  # (h2's traffic follows the rail's pooled DEGRADED ratio, not this test)
+    assert routes[f"{h1_ip}/32"] == [1]
+    assert routes[f"{cfg.peers[1].host_ip}/32"] == [0, 1]  # one lossy peer degrades no rail
     st = e.status(0)
     assert next(p for p in st["paths"] if (p["rail"], p["peer"]) == (0, "h1"))["lossy"] is True
+
+
+def test_a_blackholed_peer_port_degrades_no_rail_at_the_other_hosts():
+    """h1's rail-0 port blackholed 0.6 s after start (a loss window not yet full): h1's path
+    misses until it is dead (20 in a row), enough for 14 % of a 2-peer rail's window.  Our rail
+    0 still reaches h2 cleanly: it is not DEGRADED, h2 keeps both rails, and no notice tells
+    the peers that rail 0 is unusable at our end."""
+    cfg, e = engine_with(2)
+    notices = []
+    handle = e.handle
+
+    def spy(ev, now):
+        acts = handle(ev, now)
+        notices.extend(sorted(a.usable) for a in acts if type(a).__name__ == "SendNotice")
+        return acts
+
+    e.filter.post = lambda ev: spy(ev, ev.t_ns)
+    t = drive(e, cfg, 0.0, 60, seed=1, peers=("h1", "h2"))
+    for _ in range(40):
+        t += 10 * MS
+        e.filter(ProbeResult(0, "h1", False, t, peer_elsewhere=True))
+        e.filter(ProbeResult(0, "h2", True, t, rtt_ns=1))
+        for p in ("h1", "h2"):
+            e.filter(ProbeResult(1, p, True, t, rtt_ns=1))
+    assert not [h for h in e.history if h.kind == "degraded"], [h.data for h in e.history if h.kind == "degraded"]
+    assert all(0 in n for n in notices), notices
+    routes = {r.dst: sorted(n.rail for n in r.nexthops) for r in e.plan.routes}
+    assert routes[f"{cfg.peers[1].host_ip}/32"] == [0, 1]
+
+
+def test_light_loss_toward_every_peer_still_degrades_the_rail():
+    """The one-path rule leaves out one path, not the loss: 15 % toward both peers (under the
+    lossy test's 30 %) is our end's loss, and the rail is DEGRADED."""
+    cfg, e = engine_with(2)
+    drive(e, cfg, 0.15, 300, seed=21, peers=("h1", "h2"))
+    assert 0 in e.degraded and 0 in e.avoided_degraded()
 
 
 def test_every_peer_lossy_fails_the_rail():
