@@ -48,8 +48,8 @@ REPORT_S = 0.25
 # one path's loss is its own, not the rail's, when it stands out this clearly from the rail's other
 # paths (one-sided two-proportion z): by chance 1 in 740 with equal loss on 2 paths.  A path that
 # goes silent among 2 stands out before its misses can move traffic (engine.avoided_degraded: z >= 4
-# against a clean rail; checked for windows of 1 to 100 results per path); in a window of fewer than
-# 32 results per path (the first 0.3 s at 10 ms) it can still flag the rail DEGRADED for a moment
+# against a clean rail; checked for windows of 1 to 100 results per path).  Near z = 3 (a short
+# window, some loss on the other paths too) it can still flag the rail DEGRADED for a moment
 OUTLIER_Z = 3.0
 REPORT_NS = int(REPORT_S * 1e9)
 
@@ -346,16 +346,22 @@ class ProbeFilter:
         REPORT_S, and at once when it crosses the DEGRADED threshold."""
         lost = self.rail_lost.get(rail, 0)
         thr = self.probe.degraded_loss
+        was = self.last_side.get(rail, False)
         if lost > n * thr / 2:  # the engine's hysteresis band: only here can one path's share change a verdict
-            lost, n = self._spread(rail, lost, n, t_ns)
+            ln = self._spread(rail, lost, n, t_ns)
+            if ln[0] > ln[1] * thr and not was:
+                # about to say DEGRADED: with a path chosen now, not up to REPORT_S ago (a
+                # path that has just gone silent stands out only now)
+                ln = self._spread(rail, lost, n, t_ns, rescan=True)
+            lost, n = ln
         ratio = lost / n if n else 0.0
         side = ratio > thr
-        if side != self.last_side.get(rail, False) or t_ns - self.last_report.get(rail, -REPORT_NS) >= REPORT_NS:
+        if side != was or t_ns - self.last_report.get(rail, -REPORT_NS) >= REPORT_NS:
             self.last_side[rail] = side
             self.last_report[rail] = t_ns
             self.post(ProbeLoss(rail, ratio, n, t_ns))
 
-    def _spread(self, rail: int, lost: int, n: int, t_ns: int) -> tuple[int, int]:
+    def _spread(self, rail: int, lost: int, n: int, t_ns: int, rescan: bool = False) -> tuple[int, int]:
         """The rail's (lost, results) without the live path whose results raise its ratio
         most, when that path loses clearly more than the rail's other paths together
         (two-proportion z >= ``OUTLIER_Z``); else the rail's own (lost, results).
@@ -370,13 +376,18 @@ class ProbeFilter:
         rail for each other).  Loss on our end reaches every path about equally, and no path
         stands out: the ratio stays the rail's.  With one path the ends cannot be told apart.
 
-        The path is chosen at most once per probe interval (a scan of the rail's paths), and
-        only while the ratio is in the hysteresis band (``lost > n x degraded_loss / 2``);
-        between scans the same path is left out of the current totals."""
+        The path is chosen by a scan of the rail's paths, only while the ratio is in the
+        hysteresis band (``lost > n x degraded_loss / 2``): every REPORT_S, and before the ratio
+        says DEGRADED (``rescan``); between scans the same path is left out of the current
+        totals.  A scan costs about 0.6 us a path (10-20 ms at 16,384), so scans are at least
+        one probe interval apart per 256 paths: a large rail hovering at the threshold costs a
+        few % of a core, not all of it."""
         key, at = self.worst.get(rail, (None, -1))
-        if at < 0 or t_ns - at >= self.probe.interval_ms * 1_000_000:
+        keys = self.rail_keys.get(rail, ())
+        gap = self.probe.interval_ms * 1_000_000 * max(1, len(keys) // 256)
+        if at < 0 or t_ns - at >= max(gap, REPORT_NS) or (rescan and t_ns - at >= gap):
             key, best = None, (lost, n)
-            for k in self.rail_keys.get(rail, ()):
+            for k in keys:
                 win = self.path_window[k]
                 if not win or not self._live(k):
                     continue
