@@ -348,10 +348,11 @@ class ProbeFilter:
         thr = self.probe.degraded_loss
         was = self.last_side.get(rail, False)
         if lost > n * thr / 2:  # the engine's hysteresis band: only here can one path's share change a verdict
-            ln = self._spread(rail, lost, n, t_ns)
+            # while DEGRADED, and before saying it, with a path chosen now, not up to REPORT_S
+            # ago: a path that has just gone bad stands out only after some results, and a
+            # change of the side is posted at once
+            ln = self._spread(rail, lost, n, t_ns, rescan=was)
             if ln[0] > ln[1] * thr and not was:
-                # about to say DEGRADED: with a path chosen now, not up to REPORT_S ago (a
-                # path that has just gone silent stands out only now)
                 ln = self._spread(rail, lost, n, t_ns, rescan=True)
             lost, n = ln
         ratio = lost / n if n else 0.0
@@ -377,14 +378,14 @@ class ProbeFilter:
         stands out: the ratio stays the rail's.  With one path the ends cannot be told apart.
 
         The path is chosen by a scan of the rail's paths, only while the ratio is in the
-        hysteresis band (``lost > n x degraded_loss / 2``): every REPORT_S, and before the ratio
-        says DEGRADED (``rescan``); between scans the same path is left out of the current
-        totals.  A scan costs about 0.6 us a path (10-20 ms at 16,384), so scans are at least
-        one probe interval apart per 256 paths: a large rail hovering at the threshold costs a
+        hysteresis band (``lost > n x degraded_loss / 2``): every REPORT_S, and while the ratio
+        says DEGRADED or is about to (``rescan``); between scans the same path is left out of
+        the current totals.  A scan costs about 0.6 us a path (10-20 ms at 16,384), so scans are at least
+        one probe interval apart per 64 paths: a large rail hovering at the threshold costs a
         few % of a core, not all of it."""
         key, at = self.worst.get(rail, (None, -1))
         keys = self.rail_keys.get(rail, ())
-        gap = self.probe.interval_ms * 1_000_000 * max(1, len(keys) // 256)
+        gap = self.probe.interval_ms * 1_000_000 * max(1, len(keys) // 64)
         if at < 0 or t_ns - at >= max(gap, REPORT_NS) or (rescan and t_ns - at >= gap):
             key, best = None, (lost, n)
             for k in keys:

@@ -431,3 +431,24 @@ def test_uniform_loss_at_twice_healthy_loss_moves_no_route_a_lossy_path_among_th
     assert changes == 0 and not any(h.kind == "rail" and h.data["new"] == "DOWN" for h in e.history)
     e, _ = run(0.35, 30, seed=2)
     assert (0, "h1") in e._plan_path_down
+
+
+def test_one_bad_peer_port_moves_no_traffic_off_our_rail_across_start_times_and_peer_counts():
+    """bench/one_bad_peer.py's simulation (the real filter and engine): h1's rail-0 port
+    blackholed 10 ms to 3 s after start, among 2-4 peers, with 0-3 % loss elsewhere.  With the
+    one-path rule no run moves traffic or a notice off our rail 0; without it (the rule's
+    threshold at infinity) some do, so the matrix can tell the two apart."""
+    import math
+
+    from linkpass.core import probe_filter
+    from linkpass.lab.benchcmd import _load
+
+    b = _load("one_bad_peer")
+    runs = [(s, p, base, seed) for s in b.STARTS_MS for p in (2, 3, 4) for base in (0.0, 0.01, 0.03) for seed in (0, 1)]
+    assert not [r for r in runs if b.run("blackhole", *r, order=0)[1]]
+    z = probe_filter.OUTLIER_Z
+    try:
+        probe_filter.OUTLIER_Z = math.inf
+        assert [r for r in runs if b.run("blackhole", *r, order=0)[1]]
+    finally:
+        probe_filter.OUTLIER_Z = z
