@@ -64,7 +64,6 @@ import re
 import os
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -76,6 +75,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from _cluster import BenchError, check_args, install_sigterm, machine_info, write_json  # noqa: E402
+from linkpass.lab.ports import listen_port  # noqa: E402
 
 SCHEMA = "linkpass.bench.migrate_vs_restart/v1"
 ROOT = Path(__file__).resolve().parents[1]
@@ -377,9 +377,7 @@ def _same_snapshot(a: str, b: str) -> bool | None:
 
 
 def _free_port() -> int:
-    with socket.socket() as so:
-        so.bind(("127.0.0.1", 0))
-        return so.getsockname()[1]
+    return listen_port()  # outside the ephemeral range: see linkpass.lab.ports
 
 
 def run_baseline(args, top: Path, i: int) -> dict:

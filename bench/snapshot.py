@@ -94,7 +94,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -109,6 +108,7 @@ from _cluster import BenchError, install_sigterm, machine_info, quantile, summar
 
 from linkpass.lab.benchcmd import add_snapshot_options  # noqa: E402
 
+from linkpass.lab.ports import listen_port  # noqa: E402
 SCHEMA = "linkpass.bench.snapshot/v1"
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "fsdp2_train.py"
@@ -126,9 +126,7 @@ _live: list[subprocess.Popen] = []
 
 
 def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return listen_port()  # outside the ephemeral range: see linkpass.lab.ports
 
 
 def _stop(p: subprocess.Popen, grace_s: float = 10.0) -> None:

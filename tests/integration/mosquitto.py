@@ -13,10 +13,11 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from pathlib import Path
+
+from linkpass.lab.ports import listen_port
 
 MOSQUITTO = shutil.which("mosquitto") or ("/usr/sbin/mosquitto" if os.path.exists("/usr/sbin/mosquitto") else None)
 MOSQUITTO_SUB = shutil.which("mosquitto_sub")
@@ -25,10 +26,9 @@ HAVE_MOSQUITTO = bool(MOSQUITTO and MOSQUITTO_SUB and MOSQUITTO_PASSWD)
 
 
 def free_port() -> int:
-    """A TCP port free on 127.0.0.1 right now (root namespace)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A TCP port free on 127.0.0.1 right now (root namespace), outside the ephemeral range
+    (:mod:`linkpass.lab.ports`)."""
+    return listen_port()
 
 
 def _prefix(netns: str | None) -> list[str]:

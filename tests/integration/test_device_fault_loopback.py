@@ -19,6 +19,8 @@ torch = pytest.importorskip("torch")
 
 from torch_hooks.spare import EXIT_FENCED, EXIT_NO_SPARE
 
+from linkpass.lab.ports import listen_port
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -69,11 +71,7 @@ class FakeDaemon:
 
 
 def _port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
+    return listen_port()  # outside the ephemeral range: see linkpass.lab.ports
 
 
 def _launch(tmp: Path, tag: str, port: int, steps: int, rank: int, sock: str | None, spare: bool = False, gpu: int = 0,
