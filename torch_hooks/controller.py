@@ -450,7 +450,8 @@ class Controller:
         (:func:`group_key`), its lowest unfinished collective once the aborted generation's work
         has finished (what the group's rebuild exchanges; the groups are down, so it holds)."""
         return dict(self.tracker.boundary_pos, boundary_seqs=[g.boundary_seq for g in self.groups],
-                    ddp_layouts=self.tracker.ddp_layouts,
+                    ddp_layouts=self.tracker.ddp_layouts, module_kinds=list(self.tracker.module_kinds),
+                    boundaries={group_key(i, g): g.boundary_seq for i, g in enumerate(self.groups)},
                     lows={group_key(i, g): g.settled_low() for i, g in enumerate(self.groups)})
 
     def _rebuild_locked(self, e: int, t0: int, t_abort: int, req: dict, pending) -> None:
@@ -495,7 +496,11 @@ class Controller:
             self._defer_planned(e, lag)  # and rebuild in-process: this rank re-issues what the peer needs
         latched = any(g.latched for g in self.groups)
         moving = iface is not None and any(iface != g.interface for g in self.groups)
-        if latched and moving and self._own_rail_dead():
+        leaving = latched and moving and self._own_rail_dead()
+        # what this rank does in epoch e, for a spare whose rank is behind this one's boundary
+        # (handover.forward_source): it can resume there only if this rank leaves as well
+        kv.set(f"rebuild/{e}/fate/{self.s.rank}", "handover" if leaving else "in-process")
+        if leaving:
             # NCCL keeps the HCA list it read at start (shared/NCCL-REFERENCE.md 1.7): with its own
             # rail dead this process cannot build a working communicator; a fresh process can
             self._hand_over_latched(e, d, kv)
@@ -590,6 +595,8 @@ class Controller:
                          "linkpass exec --spares N)")
             return
         data = handover.capture_state(self.tracker)
+        # for this rank's spare should it resume a step later from a peer (handover.choose_forward)
+        kv.set(f"handover/{e}/{self.s.rank}/rng", handover.latched_rng(self.tracker))
         kv.set(f"handover/{e}/{self.s.rank}", json.dumps({"kind": "latched", "rank": self.s.rank, "spare": spare["id"],
                                             "src": self.s.rank, "t_ns": time.monotonic_ns()}))
         handover.put_state(kv, e, self.s.rank, data)

@@ -52,7 +52,12 @@ with its boundary (:func:`behind_boundary`) and, when one is behind, rebuilds in
 that epoch and hands over once the next step's collectives are through
 (:meth:`torch_hooks.controller.Controller._defer_planned`).  Whatever the path, a joining spare
 reads the other ranks' lows and stops (exit ``EXIT_REBUILD_FAILED``, with the reason) rather
-than train on wrong data (:meth:`torch_hooks.pg.ResilientProcessGroup._join`).
+than train on wrong data (:meth:`torch_hooks.pg.ResilientProcessGroup._join`).  When every rank
+hands over at once (a rail dead on every host) and the one behind cannot be helped by a peer
+that stays, its spare resumes from the peer ahead's state when the modules are replicated
+(:func:`choose_forward`; each rank writes ``rebuild/<e>/fate/<rank>``, ``handover`` or
+``in-process``, once it has decided, and a latched rank leaves ``handover/<e>/<rank>/rng``,
+:func:`latched_rng`).
 
 **What it cannot know.**  A script that does not iterate a ``DataLoader`` over a
 ``DistributedSampler`` and does not call :func:`torch_hooks.tracker.set_position`: no position,
@@ -204,6 +209,86 @@ def own_rng(tracker: Any) -> bytes:
     _save({"steps": tracker.boundary_pos.get("steps"), "by_step": dict(tracker.rng_by_step),
            "pre_step": dict(tracker.rng_pre_step)}, buf)
     return buf.getvalue()
+
+
+def latched_rng(tracker: Any) -> bytes:
+    """:func:`own_rng` for a rank that leaves its process because its latched rail died, with
+    its RNG states *now* as ``pre_step`` of the step after its boundary.  Read only when this
+    rank's spare resumes one step later, from a peer's state (:func:`forward_source`): the
+    rank is then behind that peer, i.e. blocked in a collective of that step's backward (DDP
+    allreduces its buckets there; the forward's buffer broadcast is waited for before any of
+    them is issued), so the step's random draws (dropout in the forward) are all made."""
+    from torch_hooks.tracker import _rng_state
+
+    buf = io.BytesIO()
+    steps = tracker.boundary_pos.get("steps")
+    _save({"steps": steps, "by_step": dict(tracker.rng_by_step),
+           "pre_step": {**dict(tracker.rng_pre_step), int(steps or 0) + 1: _rng_state()}}, buf)
+    return buf.getvalue()
+
+
+def ranks_ahead(rank: int, positions: dict[int, dict]) -> list[int]:
+    """The ranks whose step boundary lies past a collective ``rank`` has not completed (in any
+    process group): they completed it, took the step and went on; ``rank`` did not get its
+    result.  ``positions``: every rank's ``rebuild/<e>/pos`` (``boundaries`` and ``lows`` per
+    group key); a position without them says nothing."""
+    me = positions.get(rank) or {}
+    return sorted(r for r, pos in positions.items()
+                  if r != rank and behind_boundary(pos.get("boundaries") or {}, {rank: me}))
+
+
+def choose_forward(rank: int, positions: dict[int, dict], fates: dict[int, str]) -> tuple[int, str]:
+    """Whose state the spare of a latched ``rank`` resumes from, and why (empty: its own, nothing
+    to say).
+
+    Every rank's spare resumes at its source's step boundary; a rank behind a peer's boundary
+    (:func:`ranks_ahead`) would start one step before that peer and pair every collective with
+    the peer's previous one, so that peer's spare refuses to start (``ResilientProcessGroup._join``).
+    Two ways out:
+
+    * a peer ahead that rebuilds in-process (``fates[r] == "in-process"``) issues again the
+      collectives this rank has not completed: the rank's own state is right;
+    * when every peer ahead leaves its process too (a rail's switch failed: every latched rank
+      hands over), nobody can issue them again, and the step they belong to was taken by the
+      peers ahead with this rank's gradients in it (they completed its allreduces).  With
+      replicated modules (DDP: every rank's parameters and optimizer state equal after a step),
+      the peer ahead's state *is* this rank's after that step: the spare resumes there
+      (most steps first, then the lowest rank).  Sharded modules (FSDP2) have no replica: its
+      own state, and the peer's spare will refuse.
+
+    ``positions``: every rank's ``rebuild/<e>/pos`` (with ``module_kinds``); ``fates``: for the
+    ranks ahead, ``rebuild/<e>/fate/<rank>`` (``"handover"`` or ``"in-process"``)."""
+    ahead = ranks_ahead(rank, positions)
+    if not ahead:
+        return rank, ""
+    staying = [r for r in ahead if fates.get(r) != "handover"]
+    if staying:
+        return rank, f"rank(s) {staying} rebuild in-process and issue again what rank {rank} has not completed"
+    src = max(ahead, key=lambda r: (int(positions[r].get("steps") or 0), -r))
+    kinds = {k for r in (rank, src) for k in (positions[r].get("module_kinds") or ["unknown"])}
+    if kinds != {"ddp"}:
+        return rank, (f"rank(s) {ahead} completed a step that rank {rank} had not (it had not got the result of one of "
+                      f"its collectives) and leave their processes too, but the modules are {sorted(kinds)}, not "
+                      "replicated (DDP): no peer's state is this rank's")
+    return src, (f"rank {src} completed step {positions[src].get('steps')}, which rank {rank} had not (it had not got "
+                 f"the result of one of its collectives), and leaves its process too: with replicated (DDP) modules "
+                 f"rank {rank} resumes from rank {src}'s state at that step")
+
+
+def forward_source(kv: Any, e: int, rank: int, world: int, timeout_s: float) -> tuple[int, str]:
+    """:func:`choose_forward` with the positions and fates read from the store (waiting up to
+    ``timeout_s`` for them; what does not come means the rank's own state, said in the reason)."""
+    try:
+        kv.wait([f"rebuild/{e}/pos/{r}" for r in range(world)], datetime.timedelta(seconds=timeout_s))
+        positions = {r: json.loads(kv.get(f"rebuild/{e}/pos/{r}")) for r in range(world)}
+        ahead = ranks_ahead(rank, positions)
+        if not ahead:
+            return rank, ""
+        kv.wait([f"rebuild/{e}/fate/{r}" for r in ahead], datetime.timedelta(seconds=timeout_s))
+        fates = {r: bytes(kv.get(f"rebuild/{e}/fate/{r}")).decode() for r in ahead}
+    except Exception as ex:  # noqa: BLE001 - its own state, and the join says the rest
+        return rank, f"the ranks' positions or plans were not all in the store ({str(ex).splitlines()[0][:160] if str(ex) else type(ex).__name__})"
+    return choose_forward(rank, positions, fates)
 
 
 def pick_rng(rec: dict, resume_step: int) -> tuple[dict | None, str]:
@@ -367,14 +452,22 @@ def run_spare(settings: Any, tracker: Any, controller: Any) -> None:
     if ho["kind"] == "device":
         controller.propose_as_spare(kv, e)
     src = _source(kv, e, ho, settings.world_size, settings.rebuild_timeout_s)
+    forwarded = False
+    if ho["kind"] == "latched":
+        src, why = forward_source(kv, e, a.rank, settings.world_size, settings.rebuild_timeout_s)
+        forwarded = src != a.rank
+        if why:
+            print(f"linkpass: spare {sp.id}: {why}", file=sys.stderr, flush=True)
     pos = json.loads(kv.get(f"rebuild/{e}/pos/{src}"))
     ev = {"event": "handover", "epoch": e, "kind": ho["kind"], "rank": a.rank, "spare": sp.id, "src": src,
           "trigger_t_ns": ho.get("t_ns"), "assigned_t_ns": t_assigned, "resume_step": pos["steps"],
-          "first_step_t_ns": None}
+          "forwarded": forwarded, "first_step_t_ns": None}
 
     def load() -> int:
-        data = get_state(kv, e, a.rank, settings.rebuild_timeout_s)
-        _apply_state(data, tracker, a.rank, src, _own_rng_for(kv, e, ho, pos, a.rank))
+        # a device fault's source puts the state under the failed rank's key; a forwarded
+        # latched spare reads the state its source left for its own spare
+        data = get_state(kv, e, src if forwarded else a.rank, settings.rebuild_timeout_s)
+        _apply_state(data, tracker, a.rank, src, _own_rng_for(kv, e, ho, pos, a.rank, forwarded))
         return len(data)
 
     replay_to(settings, tracker, controller, e, pos, load, ev, who=f"spare {sp.id} taking rank {a.rank} from rank {src}",
@@ -620,10 +713,11 @@ def _redistribute_optimizer_state(opt: Any) -> None:
                     st[k] = DTensor.from_local(v.to(p.device), p.device_mesh, p.placements, run_check=False)
 
 
-def _own_rng_for(kv: Any, e: int, ho: dict, pos: dict, rank: int) -> dict | None:
+def _own_rng_for(kv: Any, e: int, ho: dict, pos: dict, rank: int, forwarded: bool = False) -> dict | None:
     """The RNG states the replaced rank left for the step it resumes at (None: take the
-    source's, which is the rank itself for a latched hand-over)."""
-    if ho.get("kind") != "device":
+    source's, which is the rank itself for a latched hand-over that is not ``forwarded``,
+    see :func:`choose_forward`)."""
+    if ho.get("kind") != "device" and not forwarded:
         return None
     import torch
 

@@ -109,6 +109,8 @@ class ScriptDemo(RebuildDemo):
         self.fault_host = self.fault_hosts[-1]  # the host whose progress times the fault
         #: in-memory snapshot interval of the device-fault run (steps; a rolled-back job redoes at most this many)
         self.memory_every = 10
+        #: inject the fault when this file exists (None: at about 30 % of the run)
+        self.fault_when: str | None = None
         if scenario not in ("rail", "snapshot", "at-risk") and spares < 1:
             raise DemoError(f"--scenario {scenario} needs --spares 1 or more", 2)
 
@@ -160,6 +162,16 @@ class ScriptDemo(RebuildDemo):
             if time.monotonic() > deadline:
                 raise DemoError(f"spares not up within {timeout:.0f} s (per host: {n}); see {self.workdir}/{tag}-host*.log")
             time.sleep(0.05)
+
+    def _wait_file(self, path: Path, timeout: float) -> None:
+        """Until ``path`` exists (``--fault-when``)."""
+        deadline = time.monotonic() + timeout
+        while not path.exists():
+            if any(j.poll() is not None for j in self.jobs):
+                raise DemoError(f"the run ended before {path} appeared; see {self.workdir}/faulted-host*.log")
+            if time.monotonic() > deadline:
+                raise DemoError(f"--fault-when {path}: not there within {timeout:.0f} s; see {self.workdir}/faulted-host*.log")
+            time.sleep(0.01)
 
     def _report_path(self, tag: str, rank: int) -> Path:
         return self.workdir / f"{tag}-rank{rank}.json"
@@ -214,11 +226,14 @@ class ScriptDemo(RebuildDemo):
         self._launch("faulted", 29501, self.spares, latched, exec_args=mem)
         if self.spares:
             self._wait_spares("faulted")
-        # about 30 % of the run, and not before the spares are listed (they start with the job)
-        self._wait_progress("faulted", fault_host, max(3, steps * 3 // 10, self._progress("faulted", fault_host) + 5),
-                            timeout=240)
+        if self.fault_when:
+            self._wait_file(Path(self.fault_when), timeout=240)
+        else:
+            # about 30 % of the run, and not before the spares are listed (they start with the job)
+            self._wait_progress("faulted", fault_host, max(3, steps * 3 // 10, self._progress("faulted", fault_host) + 5),
+                                timeout=240)
         step_at_fault = self._progress("faulted", fault_host)
-        if step_at_fault > steps * 6 // 10:
+        if step_at_fault > steps * 6 // 10 and not self.fault_when:
             raise DemoError(f"the script is too short: the spares were up only at step {step_at_fault} of {steps}; give it "
                             "more work with --script-args (more samples or epochs)", 2)
         if self.scenario == "at-risk":

@@ -133,3 +133,72 @@ def test_a_rail_at_risk_by_its_counters_is_left_before_it_is_cut(tmp_path):
         assert rank["recoveries"][0]["rail_to"] == 1
     # the drained host's rank moved on its daemon's notice (the other may first see its peer's abort)
     assert r["per_rank"][str(r["fault"]["host"])]["recoveries"][0]["trigger"] == "notice"
+
+
+# Forces the ordering seen once in a fresh-clone run of ddp-rail-latched-all-hosts: rank 1 has
+# completed allreduce K (it got rank 0's data), stepped and issued K+1, while rank 0's gloo thread
+# has not delivered K when the rail dies under both hosts.  Both ranks leave their processes (the
+# group is latched to the dead rail); rank 0's own state is a step behind rank 1's.  The demo
+# cuts the rail when both have happened (--fault-when).
+LAGGING_PEER = '''
+import os, threading
+
+K, D = int(os.environ["HOLD_ALLREDUCE_SEQ"]), os.environ["LAG_DIR"]
+if (os.environ.get("LINKPASS_JOB") == "demo-faulted" and os.environ.get("LINKPASS_SPARE") != "1"
+        and os.environ.get("RANK") in ("0", "1")):
+    from torch_hooks import pg
+
+    settle, issue = pg.ResilientProcessGroup._settle, pg.ResilientProcessGroup._issue
+    held = []  # the first allreduce at or after K (every rank issues the same sequence)
+
+    def mark(name):
+        open(os.path.join(D, name), "w").close()
+        if all(os.path.exists(os.path.join(D, n)) for n in ("held", "issued")):
+            mark("cut") if name != "cut" else None
+
+    def settle_after_the_abort(self, op, attempt, scratch, err):
+        if (os.environ["RANK"] == "0" and op.kind == "allreduce" and op.seq >= K and attempt == 1 and not scratch
+                and not held):
+            held.append(op.seq)
+            mark("held")
+            pause = threading.Event()
+            while self._state == "ready":  # until the rail's death aborts the group
+                pause.wait(0.005)
+            err = RuntimeError("rank 1's last segment of this allreduce was not read before the abort")
+        return settle(self, op, attempt, scratch, err)
+
+    def issue_seen(self, op, scratch=False):
+        if os.environ["RANK"] == "1" and op.attempt == 0 and not scratch:
+            if op.kind == "allreduce" and op.seq >= K and not held:
+                held.append(op.seq)
+            elif held and op.seq == held[0] + 1:
+                mark("issued")  # rank 1 is past its step boundary: it stepped after that allreduce
+        return issue(self, op, scratch)
+
+    pg.ResilientProcessGroup._settle, pg.ResilientProcessGroup._issue = settle_after_the_abort, issue_seen
+'''
+
+
+@pytest.mark.parametrize("script,args", [(DDP, DDP_ARGS), (SEEDED, "")], ids=["ddp", "seeded-dropout"])
+def test_every_rank_hands_over_while_one_is_a_step_behind_and_the_job_loses_nothing(tmp_path, monkeypatch, script, args):
+    """The rail dies on every host while rank 0 has not got the result of the allreduce rank 1
+    completed before its optimizer step: rank 0's spare resumes from rank 1's state (DDP
+    replicas), not a step earlier (rank 1's spare would refuse to pair with it: exit 76).  With a
+    seed per rank and dropout (SEEDED), rank 0 goes on with its own RNG stream: the draws it had
+    made in the step it did not finish."""
+    shim, lag = tmp_path / "shim", tmp_path / "lag"
+    shim.mkdir()
+    lag.mkdir()
+    (shim / "sitecustomize.py").write_text(LAGGING_PEER)  # chained by the hook's own sitecustomize
+    monkeypatch.setenv("PYTHONPATH", str(shim))
+    monkeypatch.setenv("HOLD_ALLREDUCE_SEQ", "50")
+    monkeypatch.setenv("LAG_DIR", str(lag))
+    p, r = _demo(tmp_path, script, args, "rail-latched", "--fault-host", "all", "--fault-when", str(lag / "cut"))
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert (lag / "held").exists() and (lag / "issued").exists()
+    assert r["steps_lost"] == 0 and r["weights_match_reference"] is True, json.dumps(r["per_rank"])[:3000]
+    ev = {rank: r["per_rank"][rank]["recoveries"] for rank in ("0", "1")}
+    assert [e["event"] for e in ev["0"]] == ["handover"] and [e["event"] for e in ev["1"]] == ["handover"], ev
+    assert ev["0"][0]["forwarded"] is True and ev["0"][0]["src"] == 1, ev
+    assert ev["1"][0]["forwarded"] is False and ev["1"][0]["src"] == 1, ev
+    assert ev["0"][0]["resume_step"] == ev["1"][0]["resume_step"], ev

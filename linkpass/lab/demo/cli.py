@@ -41,6 +41,7 @@ def main(args) -> int:
         if every is None or every < 0:
             raise DemoError("--memory-every must be 0 (off) or more", 2)
         demo.memory_every = every
+        demo.fault_when = getattr(args, "fault_when", None)
     elif scenario == "guard-device-fault":
         if getattr(args, "fault_host", None) == "all":
             raise DemoError("--fault-host all: only for the rail scenarios (rail, rail-latched)", 2)
