@@ -816,15 +816,30 @@ class Prober:
             offset = time.time_ns() - self.clock()
         now = self.clock()
         host = self.cfg.daemon.host
+        # the common cases (a reply in time, the path's only probe out; a proof) are handled
+        # here and their results go to the filter in one call; anything else flushes them
+        # first, so every path's results reach the filter in order
+        accept, ok, REPLY = self.guard.accept, [], wire.REPLY
         for it in items:
             rt = it[-1]
             arrival = rt - offset if rt else None
             kind = it[0]
+            # a kernel time from the future or from before a wall-clock step is not believed
+            t = now if arrival is None or not now - 10_000_000_000 < arrival <= now else arrival
+            if kind == REPLY:
+                pend = accept(it[3], it[1], it[2], it[4], t)
+                if pend is not None:
+                    self._reply_ok(pend, t, ok)
+                    continue
+            elif kind == _ANSWERED_ITEM:  # the responder thread checked the guard and answered it
+                self._proof(it[2], it[1], it[3], it[5], t, ok)
+                continue
+            if ok:
+                self._post_many(ok)
+                ok = []
             if kind == 0:
                 self.on_datagram(it[1], it[2], arrival)
                 continue
-            # a kernel time from the future or from before a wall-clock step is not believed
-            t = now if arrival is None or not now - 10_000_000_000 < arrival <= now else arrival
             if kind == _GONE_ITEM:  # a reply out of this rail's socket found its netdev gone
                 self._close_rail(it[1])
                 continue
@@ -833,11 +848,9 @@ class Prober:
                 why = f"is {hi - it[3]} below the newest ({hi})" if below else "was already answered"
                 self._reject("replay", it[6], wire.ProbeError("replay", f"request seq {it[3]} from {it[1]} {why}"))
                 continue
-            p = wire.Probe(wire.REQUEST if kind == _ANSWERED_ITEM else kind, it[1], host, it[2], it[3], it[4], it[5])
+            p = wire.Probe(kind, it[1], host, it[2], it[3], it[4], it[5])
             try:
-                if kind == _ANSWERED_ITEM:  # the responder thread checked the guard and answered it
-                    self._proof(p, t)
-                elif kind == wire.REQUEST:
+                if kind == wire.REQUEST:
                     self._on_request(p, it[6], t)
                 else:
                     self._on_reply(p, t)
@@ -845,6 +858,8 @@ class Prober:
                 self._reject(e.kind, it[6], e)
             except Exception as e:  # noqa: BLE001 - never let a datagram kill the daemon
                 self._reject("malformed", it[6], e)
+        if ok:
+            self._post_many(ok)
 
     def _count_drops(self, sock: socket.socket, total: int) -> None:
         fd = sock.fileno()
@@ -946,7 +961,7 @@ class Prober:
             ProbeError: ``replay`` (the request guard)."""
         self.req_guard.check(p)
         self._answer(p, addr)
-        self._proof(p, t)
+        self._proof(p.rail, p.sender, p.seq, p.ack, t)
 
     def _on_reply(self, p: wire.Probe, t: int) -> None:
         """An authentic reply addressed to us, received at ``t``.
@@ -954,10 +969,15 @@ class Prober:
         Raises:
             ProbeError: from :meth:`linkpass.core.probe.ReplyGuard.check`."""
         pend = self.guard.check(p, t)
-        key = (pend.rail, pend.peer)
         # earlier probes of this path whose deadline passed before this reply arrived are lost
         # before it counts (the engine sees the path's results in order)
         self._report_lost(self.guard.expire_path_before(pend.rail, pend.peer, t), t)
+        self._reply_ok(pend, t)
+
+    def _reply_ok(self, pend: wire.Pending, t: int, batch: list | None = None) -> None:
+        """The reply to ``pend`` arrived at ``t``, in time and accepted by the reply guard.
+        ``batch``: append the result there for :meth:`_post_many` (else posted now)."""
+        key = (pend.rail, pend.peer)
         rtt = max(0, t - pend.sent_ns)
         self.counters["replies"] += 1
         last_ok = self._last_ok.get(key)
@@ -970,32 +990,52 @@ class Prober:
         st = self.path_stats.get(key)
         if st is not None:
             st.record(True, rtt)
-        self._post_ok(pend.rail, pend.peer, t, rtt, pend.seq)
+        if batch is None:
+            self._post_ok(pend.rail, pend.peer, t, rtt, pend.seq)
+        else:
+            batch.append((pend.rail, pend.peer, t, rtt, pend.seq))
 
-    def _proof(self, req: wire.Probe, now: int) -> None:
-        """A request from a peer we probe on that rail: remember that we answered it, and if it
-        acks a reply of ours (newer than any ack counted so far), the path works both ways."""
-        key = (req.rail, req.sender)
-        if key not in self.path_stats:
+    def _proof(self, rail: int, sender: str, seq: int, ack: int, now: int, batch: list | None = None) -> None:
+        """A request (``seq``, acking our reply ``ack``; 0: none) from a peer we probe on that
+        rail, answered: remember that we answered it, and if it acks a reply of ours (newer than
+        any ack counted so far), the path works both ways.  ``batch``: as in :meth:`_reply_ok`."""
+        key = (rail, sender)
+        st = self.path_stats.get(key)
+        if st is None:
             return
         seen = self._answered.get(key)
         if seen is None:
             seen = self._answered[key] = OrderedDict()  # popitem(last=False) is O(1), see ReplyGuard
-        seen[req.seq] = None
+        seen[seq] = None
         if len(seen) > 16:
             seen.popitem(last=False)
-        if not req.ack or req.ack <= self._ack_used.get(key, 0) or req.ack not in seen:
+        if not ack or ack <= self._ack_used.get(key, 0) or ack not in seen:
             return
-        self._ack_used[key] = req.ack
+        self._ack_used[key] = ack
         self._evidence_ns[key] = now
         self._expect.pop(key, None)
-        self._last_ok[key] = max(now, self._last_ok.get(key, now))
+        last_ok = self._last_ok.get(key)
+        if last_ok is None or now > last_ok:
+            self._last_ok[key] = now
         self._own_loss.discard(key)
-        self._peer_evidence(key[1], now)
-        self.schedule.settle(*key)
+        self._peer_evidence(sender, now)
+        self.schedule.settle(rail, sender)
         self.counters["passive_ok"] += 1
-        self.path_stats[key].record(True)
-        self._post_ok(key[0], key[1], now, None, 0)
+        st.record(True)
+        if batch is None:
+            self._post_ok(rail, sender, now, None, 0)
+        else:
+            batch.append((rail, sender, now, None, 0))
+
+    def _post_many(self, results: list) -> None:
+        """Post answered results ``(rail, peer, t_ns, rtt_ns, seq)`` in order: through the
+        probe filter's ``answered_many`` when ``post`` is one, else one by one (:meth:`_post_ok`)."""
+        post = self.post
+        if isinstance(post, ProbeFilter):
+            post.answered_many(results)
+        else:
+            for r in results:
+                self._post_ok(*r)
 
     def _post_ok(self, rail: int, peer: str, t_ns: int, rtt_ns: int | None, seq: int) -> None:
         """Post an answered probe: through the probe filter's ``answered`` when ``post`` is one

@@ -275,6 +275,27 @@ class ReplyGuard:
         self._finish(reply.seq, "answered")
         return p
 
+    def accept(self, seq: int, peer: str, rail: int, ts_ns: int, now_ns: int) -> Pending | None:
+        """The common case of :meth:`check` followed by :meth:`expire_path_before`, without
+        the reply's :class:`Probe` (thousands a second): ``seq`` is outstanding, went to
+        ``peer`` on ``rail`` at ``ts_ns``, its deadline is after ``now_ns``, and it is the
+        only probe of its path outstanding.  Returns it, now finished as answered; None when
+        any of that does not hold (nothing changed: :meth:`check` decides, with its error)."""
+        p = self._pending.get(seq)
+        if p is None or p.peer != peer or p.rail != rail or p.sent_ns != ts_ns or now_ns >= p.deadline_ns:
+            return None
+        key = (rail, peer)
+        mine = self._by_path.get(key)
+        if mine is None or len(mine) != 1:
+            return None
+        del self._pending[seq]
+        del self._by_path[key]
+        done = self._done
+        done[seq] = "answered"
+        if len(done) > self._memory:
+            done.popitem(last=False)
+        return p
+
     def expire(self, now_ns: int) -> list[Pending]:
         """Remove and return the probes whose deadline is at or before ``now_ns`` (oldest first)."""
         out = []
