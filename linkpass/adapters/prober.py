@@ -729,20 +729,21 @@ class Prober:
         # descheduled in the middle of a tick must not shorten the later probes' deadlines
         if now is None:
             now = self.clock()
-        if self._passive(s, now):
+        rail, peer = s.rail, s.peer
+        if s.fast and not s.confirm and peer < self.cfg.daemon.host and self._passive(s, now):
             return
         self._seq += 1
         seq = self._seq
-        self.guard.add(wire.Pending(s.rail, s.peer, seq, now, now + s.timeout_ns, s.fast))
-        ip = self._peer_ip(s.rail, s.peer)
-        sock = self._rail_sock(s.rail)
+        self.guard.add(wire.Pending(rail, peer, seq, now, now + s.timeout_ns, s.fast))
+        ip = self._peer_ip(rail, peer)
+        sock = self._rail_socks.get(rail) or self._rail_sock(rail)
         if ip is None or sock is None:
             self.counters["send_errors"] += 1
             return
-        ack = self._reply_seq.get((s.rail, s.peer), 0)
+        ack = self._reply_seq.get((rail, peer), 0)
         if self.native:
             err = native_io.send_probe(sock.fileno(), ip, self.cfg.probe.port, self.key, wire.REQUEST, self._host_b,
-                                       self._peer_b(s.peer), s.rail, seq, now, ack)
+                                       self._peer_b(peer), rail, seq, now, ack)
         else:
             err = 0
             try:
