@@ -45,7 +45,7 @@ demo: install
 	$(BIN)/linkpass demo --hosts 2 --rails 2 --json demo-result.json
 
 test: install $(PROMTOOL)
-	$(BIN)/python -m pytest -q -p no:cacheprovider tests
+	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=25 tests
 
 unit: install $(PROMTOOL)
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests/unit tests/scenarios
