@@ -246,29 +246,30 @@ def choose_forward(rank: int, positions: dict[int, dict], fates: dict[int, str])
     the peer's previous one, so that peer's spare refuses to start (``ResilientProcessGroup._join``).
     Two ways out:
 
-    * a peer ahead that rebuilds in-process (``fates[r] == "in-process"``) issues again the
-      collectives this rank has not completed: the rank's own state is right;
-    * when every peer ahead leaves its process too (a rail's switch failed: every latched rank
-      hands over), nobody can issue them again, and the step they belong to was taken by the
-      peers ahead with this rank's gradients in it (they completed its allreduces).  With
+    * when every peer ahead rebuilds in-process (``fates[r] == "in-process"``), they issue
+      again the collectives this rank has not completed: the rank's own state is right;
+    * when a peer ahead leaves its process too (a rail's switch failed: every latched rank
+      hands over), its spare cannot issue them again, and the step they belong to was taken by
+      the peers ahead with this rank's gradients in it (they completed its allreduces).  With
       replicated modules (DDP: every rank's parameters and optimizer state equal after a step),
-      the peer ahead's state *is* this rank's after that step: the spare resumes there
-      (most steps first, then the lowest rank).  Sharded modules (FSDP2) have no replica: its
-      own state, and the peer's spare will refuse.
+      that peer's state *is* this rank's after the step: the spare resumes there (of several
+      leaving, most steps first, then the lowest rank), and a peer ahead that stays has
+      nothing left to issue again.  Sharded modules (FSDP2) have no replica: its own state,
+      and the leaving peer's spare will refuse.
 
     ``positions``: every rank's ``rebuild/<e>/pos`` (with ``module_kinds``); ``fates``: for the
     ranks ahead, ``rebuild/<e>/fate/<rank>`` (``"handover"`` or ``"in-process"``)."""
     ahead = ranks_ahead(rank, positions)
     if not ahead:
         return rank, ""
-    staying = [r for r in ahead if fates.get(r) != "handover"]
-    if staying:
-        return rank, f"rank(s) {staying} rebuild in-process and issue again what rank {rank} has not completed"
-    src = max(ahead, key=lambda r: (int(positions[r].get("steps") or 0), -r))
+    leaving = [r for r in ahead if fates.get(r) == "handover"]
+    if not leaving:
+        return rank, f"rank(s) {ahead} rebuild in-process and issue again what rank {rank} has not completed"
+    src = max(leaving, key=lambda r: (int(positions[r].get("steps") or 0), -r))
     kinds = {k for r in (rank, src) for k in (positions[r].get("module_kinds") or ["unknown"])}
     if kinds != {"ddp"}:
-        return rank, (f"rank(s) {ahead} completed a step that rank {rank} had not (it had not got the result of one of "
-                      f"its collectives) and leave their processes too, but the modules are {sorted(kinds)}, not "
+        return rank, (f"rank(s) {leaving} completed a step that rank {rank} had not (it had not got the result of one "
+                      f"of its collectives) and leave their processes too, but the modules are {sorted(kinds)}, not "
                       "replicated (DDP): no peer's state is this rank's")
     return src, (f"rank {src} completed step {positions[src].get('steps')}, which rank {rank} had not (it had not got "
                  f"the result of one of its collectives), and leaves its process too: with replicated (DDP) modules "

@@ -67,8 +67,11 @@ def test_of_several_peers_ahead_the_one_with_most_steps_then_the_lowest_rank_is_
     fates = {1: "handover", 2: "handover"}
     assert handover.choose_forward(0, pos, fates)[0] == 1
     assert handover.choose_forward(3, pos, fates)[0] == 1
-    # one of them stays: it issues K again for rank 0, whose own state is then right
-    assert handover.choose_forward(0, pos, {1: "handover", 2: "in-process"})[0] == 0
+    # one of them stays: it has completed K too, so it resumes at the same boundary as the spares
+    assert handover.choose_forward(0, pos, {1: "in-process", 2: "handover"})[0] == 2
+    # every one ahead stays: they issue K again for rank 0, whose own state is then right
+    src, why = handover.choose_forward(0, pos, {1: "in-process", 2: "in-process"})
+    assert src == 0 and "rank(s) [1, 2] rebuild in-process" in why
 
 
 def test_behind_in_a_second_group_only_counts_too():
