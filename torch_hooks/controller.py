@@ -496,15 +496,14 @@ class Controller:
             self._defer_planned(e, lag)  # and rebuild in-process: this rank re-issues what the peer needs
         latched = any(g.latched for g in self.groups)
         moving = iface is not None and any(iface != g.interface for g in self.groups)
-        leaving = latched and moving and self._own_rail_dead()
-        # what this rank does in epoch e, for a spare whose rank is behind this one's boundary
-        # (handover.forward_source): it can resume there only if this rank leaves as well
-        kv.set(f"rebuild/{e}/fate/{self.s.rank}", "handover" if leaving else "in-process")
-        if leaving:
+        if latched and moving and self._own_rail_dead():
             # NCCL keeps the HCA list it read at start (shared/NCCL-REFERENCE.md 1.7): with its own
             # rail dead this process cannot build a working communicator; a fresh process can
             self._hand_over_latched(e, d, kv)
             return
+        # what this rank does in epoch e, for a spare whose rank is behind this one's boundary
+        # (handover.forward_source; _hand_over_latched writes "handover" or "exit")
+        kv.set(f"rebuild/{e}/fate/{self.s.rank}", "in-process")
         results = []
         for g in list(self.groups):
             results.append(g.rebuild(e, interface=iface, timeout=datetime.timedelta(seconds=self.s.rebuild_timeout_s),
@@ -586,14 +585,18 @@ class Controller:
 
         why = (f"rail {self.rail} ({self.s.rails.get(self.rail)}) is down on this host and the process group is "
                "latched to it (as NCCL is to its HCA list)")
+        fate = f"rebuild/{e}/fate/{self.s.rank}"  # for a lagging peer's spare (handover.forward_source)
         if not self.tracker.modules:
+            kv.set(fate, "exit")
             self.exit_fn(EXIT_MIGRATE, f"{why}; no protected module (DDP / fully_shard) to hand over")
             return
         spare = self._claim(kv, why)
         if spare is None:
+            kv.set(fate, "exit")
             self.exit_fn(EXIT_MIGRATE, f"{why}; no spare left to take rank {self.s.rank} (start the job with "
                          "linkpass exec --spares N)")
             return
+        kv.set(fate, "handover")
         data = handover.capture_state(self.tracker)
         # for this rank's spare should it resume a step later from a peer (handover.choose_forward)
         kv.set(f"handover/{e}/{self.s.rank}/rng", handover.latched_rng(self.tracker))

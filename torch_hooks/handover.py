@@ -55,9 +55,9 @@ reads the other ranks' lows and stops (exit ``EXIT_REBUILD_FAILED``, with the re
 than train on wrong data (:meth:`torch_hooks.pg.ResilientProcessGroup._join`).  When every rank
 hands over at once (a rail dead on every host) and the one behind cannot be helped by a peer
 that stays, its spare resumes from the peer ahead's state when the modules are replicated
-(:func:`choose_forward`; each rank writes ``rebuild/<e>/fate/<rank>``, ``handover`` or
-``in-process``, once it has decided, and a latched rank leaves ``handover/<e>/<rank>/rng``,
-:func:`latched_rng`).
+(:func:`choose_forward`; each rank writes ``rebuild/<e>/fate/<rank>``, ``handover``,
+``in-process`` or ``exit``, once it has decided, and a latched rank leaves
+``handover/<e>/<rank>/rng``, :func:`latched_rng`).
 
 **What it cannot know.**  A script that does not iterate a ``DataLoader`` over a
 ``DistributedSampler`` and does not call :func:`torch_hooks.tracker.set_position`: no position,
@@ -257,15 +257,31 @@ def choose_forward(rank: int, positions: dict[int, dict], fates: dict[int, str])
       nothing left to issue again.  Sharded modules (FSDP2) have no replica: its own state,
       and the leaving peer's spare will refuse.
 
+    The source must be in exactly the same process groups (``boundaries``' keys): with data
+    parallel inside tensor or pipeline parallel groups, a rank ahead in a shared group may hold
+    another shard (such a rank is not forwarded, even when one of its replicas is ahead).
+
     ``positions``: every rank's ``rebuild/<e>/pos`` (with ``module_kinds``); ``fates``: for the
-    ranks ahead, ``rebuild/<e>/fate/<rank>`` (``"handover"`` or ``"in-process"``)."""
+    ranks ahead, ``rebuild/<e>/fate/<rank>`` (``"handover"``, ``"in-process"`` or ``"exit"``)."""
     ahead = ranks_ahead(rank, positions)
     if not ahead:
         return rank, ""
     leaving = [r for r in ahead if fates.get(r) == "handover"]
     if not leaving:
-        return rank, f"rank(s) {ahead} rebuild in-process and issue again what rank {rank} has not completed"
+        staying = [r for r in ahead if fates.get(r) == "in-process"]
+        if staying == ahead:
+            return rank, f"rank(s) {ahead} rebuild in-process and issue again what rank {rank} has not completed"
+        return rank, (f"rank(s) {sorted(set(ahead) - set(staying))} ahead of rank {rank} do not hand over "
+                      f"({', '.join(f'{r}: {fates.get(r) or 'no word'}' for r in ahead if r not in staying)})")
+    # a replica is in exactly the same process groups: with data parallel inside model
+    # parallel (tensor or pipeline groups), a rank ahead in a shared group (the world's) may
+    # hold another shard of the model
+    groups = set((positions[rank].get("boundaries") or {}).keys())
+    leaving = [r for r in leaving if set((positions[r].get("boundaries") or {}).keys()) == groups] or leaving
     src = max(leaving, key=lambda r: (int(positions[r].get("steps") or 0), -r))
+    if set((positions[src].get("boundaries") or {}).keys()) != groups:
+        return rank, (f"rank(s) {leaving} completed a step that rank {rank} had not and leave their processes too, but "
+                      f"none of them is in the same process groups as rank {rank}: no peer's state is this rank's")
     kinds = {k for r in (rank, src) for k in (positions[r].get("module_kinds") or ["unknown"])}
     if kinds != {"ddp"}:
         return rank, (f"rank(s) {leaving} completed a step that rank {rank} had not (it had not got the result of one "

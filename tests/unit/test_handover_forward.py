@@ -122,3 +122,24 @@ def test_the_latched_rng_record_gives_the_draws_made_in_the_step_the_rank_did_no
     rng, _ = handover.pick_rng(rec, 24)
     assert torch.equal(rng["cpu"], at_boundary)
     assert handover.pick_rng(rec, 27)[0] is None
+
+
+def test_a_rank_ahead_in_other_process_groups_is_not_a_replica():
+    """DP x TP on 4 ranks (world group "0", DP groups "1" {0,2} / "2" {1,3}, TP groups "3" {0,1} /
+    "4" {2,3}): rank 3 behind in the world group; rank 0 (another TP shard) is ahead and leaves."""
+    def pos(steps, b, low, groups):
+        return {"steps": steps, "boundaries": {g: b for g in groups}, "lows": {g: low for g in groups},
+                "boundary_seqs": [b] * len(groups), "module_kinds": ["ddp"]}
+    positions = {0: pos(25, 51, 51, ["0", "1", "3"]), 1: pos(24, 49, 50, ["0", "2", "3"]),
+                 2: pos(24, 49, 50, ["0", "1", "4"]), 3: pos(24, 49, 50, ["0", "2", "4"])}
+    assert handover.ranks_ahead(3, positions) == [0]
+    src, why = handover.choose_forward(3, positions, {0: "handover"})
+    assert src == 3 and "same process groups" in why
+    # a rank in the same groups ahead of it is taken
+    positions[4] = pos(25, 51, 51, ["0", "2", "4"])
+    assert handover.choose_forward(3, positions, {0: "handover", 4: "handover"})[0] == 4
+
+
+def test_a_rank_ahead_that_exits_instead_of_handing_over_is_named():
+    src, why = handover.choose_forward(0, BEHIND, {1: "exit"})
+    assert src == 0 and "do not hand over" in why and "1: exit" in why
