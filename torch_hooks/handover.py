@@ -271,8 +271,8 @@ def choose_forward(rank: int, positions: dict[int, dict], fates: dict[int, str])
         staying = [r for r in ahead if fates.get(r) == "in-process"]
         if staying == ahead:
             return rank, f"rank(s) {ahead} rebuild in-process and issue again what rank {rank} has not completed"
-        return rank, (f"rank(s) {sorted(set(ahead) - set(staying))} ahead of rank {rank} do not hand over "
-                      f"({', '.join(f'{r}: {fates.get(r) or 'no word'}' for r in ahead if r not in staying)})")
+        said = ", ".join(f"{r}: {fates.get(r) or 'no word'}" for r in ahead if r not in staying)
+        return rank, f"rank(s) {sorted(set(ahead) - set(staying))} ahead of rank {rank} do not hand over ({said})"
     # a replica is in exactly the same process groups: with data parallel inside model
     # parallel (tensor or pipeline groups), a rank ahead in a shared group (the world's) may
     # hold another shard of the model

@@ -829,13 +829,17 @@ class Prober:
             kind = it[0]
             # a kernel time from the future or from before a wall-clock step is not believed
             t = now if arrival is None or not now - 10_000_000_000 < arrival <= now else arrival
-            if kind == REPLY:
-                pend = accept(it[3], it[1], it[2], it[4], t)
-                if pend is not None:
-                    self._reply_ok(pend, t, ok)
+            try:
+                if kind == REPLY:
+                    pend = accept(it[3], it[1], it[2], it[4], t)
+                    if pend is not None:
+                        self._reply_ok(pend, t, ok)
+                        continue
+                elif kind == _ANSWERED_ITEM:  # the responder thread checked the guard and answered it
+                    self._proof(it[2], it[1], it[3], it[5], t, ok)
                     continue
-            elif kind == _ANSWERED_ITEM:  # the responder thread checked the guard and answered it
-                self._proof(it[2], it[1], it[3], it[5], t, ok)
+            except Exception as e:  # noqa: BLE001 - never let a datagram kill the daemon
+                self._reject("malformed", it[6], e)
                 continue
             if ok:
                 self._post_many(ok)
@@ -1032,13 +1036,24 @@ class Prober:
 
     def _post_many(self, results: list) -> None:
         """Post answered results ``(rail, peer, t_ns, rtt_ns, seq)`` in order: through the
-        probe filter's ``answered_many`` when ``post`` is one, else one by one (:meth:`_post_ok`)."""
+        probe filter's ``answered_many`` when ``post`` is one, else one by one (:meth:`_post_ok`).
+        A result whose posting fails is counted (``internal_errors``) and logged, and the
+        others still go (as when each was posted with its datagram)."""
         post = self.post
         if isinstance(post, ProbeFilter):
-            post.answered_many(results)
-        else:
-            for r in results:
+            post.answered_many(results, on_error=self._post_failed)
+            return
+        for r in results:
+            try:
                 self._post_ok(*r)
+            except Exception as e:  # noqa: BLE001 - never let a result kill the daemon
+                self._post_failed(r, e)
+
+    def _post_failed(self, result: tuple, err: Exception) -> None:
+        self.counters["internal_errors"] += 1
+        n = self.counters["internal_errors"]
+        if n <= 10 or n % 1000 == 0:
+            log.error("probe result (rail %s, peer %s) not posted (%d internal errors so far): %r", result[0], result[1], n, err)
 
     def _post_ok(self, rail: int, peer: str, t_ns: int, rtt_ns: int | None, seq: int) -> None:
         """Post an answered probe: through the probe filter's ``answered`` when ``post`` is one

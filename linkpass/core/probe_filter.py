@@ -226,40 +226,49 @@ class ProbeFilter:
         if t.update(True):
             self._post_verdict(key, ProbeResult(rail, peer, True, t_ns, rtt_ns, seq), t, probes)
 
-    def answered_many(self, results: list[tuple[int, str, int, int | None, int]]) -> None:
+    def answered_many(self, results: list[tuple[int, str, int, int | None, int]],
+                      on_error: Callable[[tuple, Exception], None] | None = None) -> None:
         """:meth:`answered` for each ``(rail, peer, t_ns, rtt_ns, seq)`` in order (one timer
-        turn's replies and proofs: one call instead of one per result)."""
+        turn's replies and proofs: one call instead of one per result).  ``on_error(result,
+        exception)``: called for a result whose handling raised (``post`` failing, say), and the
+        rest are handled; None: the exception propagates."""
         window_ns = self.probe.loss_window_ms * 1_000_000
         path_window, tests, last_ok, streak = self.path_window, self.tests, self.last_ok, self.streak
         last_ok_ns, rail_q, rail_n, rail_lost = self.last_ok_ns, self.rail_q, self.rail_n, self.rail_lost
         last_side, last_report = self.last_side, self.last_report
-        for rail, peer, t_ns, rtt_ns, seq in results:
-            key = (rail, peer)
-            win = path_window.get(key)
-            t = tests.get(key)
-            if win is None or t is None or last_ok.get(key) is not True or streak.get(key, 0):
-                self(ProbeResult(rail, peer, True, t_ns, rtt_ns, seq))
-                continue
-            last_ok_ns[key] = t_ns
-            self.absorbed += 1
-            # _window_answer
-            e = (t_ns, True)
-            win.append(e)
-            q = rail_q.get(rail)
-            if q is None:
-                q = rail_q[rail] = deque()
-            q.append((e, key))
-            n = rail_n.get(rail, 0) + 1
-            horizon = t_ns - window_ns
-            if q[0][0][0] < horizon:
-                n = self._expire(rail, q, horizon, n)
-            rail_n[rail] = n
-            if (rail_lost.get(rail, 0) or last_side.get(rail, False)
-                    or t_ns - last_report.get(rail, -REPORT_NS) >= REPORT_NS):
-                self._report(rail, n, t_ns)  # else: no loss, nothing to say before REPORT_S
-            probes = t.probes + 1
-            if t.update(True):
-                self._post_verdict(key, ProbeResult(rail, peer, True, t_ns, rtt_ns, seq), t, probes)
+        for res in results:
+            try:  # free in Python 3.11 unless it raises
+                rail, peer, t_ns, rtt_ns, seq = res
+                key = (rail, peer)
+                win = path_window.get(key)
+                t = tests.get(key)
+                if win is None or t is None or last_ok.get(key) is not True or streak.get(key, 0):
+                    self(ProbeResult(rail, peer, True, t_ns, rtt_ns, seq))
+                    continue
+                last_ok_ns[key] = t_ns
+                self.absorbed += 1
+                # _window_answer
+                e = (t_ns, True)
+                win.append(e)
+                q = rail_q.get(rail)
+                if q is None:
+                    q = rail_q[rail] = deque()
+                q.append((e, key))
+                n = rail_n.get(rail, 0) + 1
+                horizon = t_ns - window_ns
+                if q[0][0][0] < horizon:
+                    n = self._expire(rail, q, horizon, n)
+                rail_n[rail] = n
+                if (rail_lost.get(rail, 0) or last_side.get(rail, False)
+                        or t_ns - last_report.get(rail, -REPORT_NS) >= REPORT_NS):
+                    self._report(rail, n, t_ns)  # else: no loss, nothing to say before REPORT_S
+                probes = t.probes + 1
+                if t.update(True):
+                    self._post_verdict(key, ProbeResult(rail, peer, True, t_ns, rtt_ns, seq), t, probes)
+            except Exception as ex:
+                if on_error is None:
+                    raise
+                on_error(res, ex)
 
     def _test(self, key: tuple[int, str], ev: ProbeResult) -> None:
         t = self.tests.get(key)

@@ -149,3 +149,29 @@ def test_a_turn_handled_in_one_batch_gives_what_item_by_item_gives(seed):
     assert a.counters["late"] > 0 and a.counters["rejected_replay"] > 0
     assert a._last_ok == b._last_ok and a._peer_last == b._peer_last and a._expect == b._expect
     assert {k: s.to_json() for k, s in a.path_stats.items()} == {k: s.to_json() for k, s in b.path_stats.items()}
+
+
+def test_a_result_whose_posting_fails_is_counted_and_the_turn_goes_on():
+    """A post that raises once (the engine's queue, say): that result is an internal error,
+    the turn's other datagrams are still handled and posted, nothing escapes the turn."""
+    pr, clock, _ = prober_for()
+    f, out = _filter(1)
+    pr.post = f
+    calls = [0]
+    real = f.post
+
+    def flaky(ev):
+        calls[0] += 1
+        if calls[0] == 1:
+            raise RuntimeError("queue full")
+        real(ev)
+
+    f.post = flaky
+    for s in pr.schedule.poll(clock[0]):
+        pr._send(s, clock[0])
+    pend = sorted(pr.guard._pending.values(), key=lambda p: p.rail)
+    clock[0] += 2 * MS
+    items = [(REPLY, p.peer, p.rail, p.seq, p.sent_ns, 0, ADDR, p.sent_ns + MS) for p in pend]
+    pr._handle_native(items, 0)  # the first result of each path goes through the filter's general path: it posts
+    assert pr.counters["internal_errors"] == 1 and pr.counters["replies"] == 2
+    assert [e.rail for e in out if isinstance(e, ProbeResult)] == [1]
