@@ -323,8 +323,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "job's store runs in a process of its own); 'all' (rail scenarios): the rail is cut on every host "
                    "at once, as when the rail's switch fails")
     d.add_argument("--fault-when", metavar="FILE",
-                   help="--script scenarios: inject the fault when FILE exists (a test that arranges the moment, e.g. "
-                   "from inside the workers) instead of at 30 %% of the run")
+                   help="--script scenarios but snapshot: inject the fault when FILE appears (it must not exist yet; "
+                   "a relative path is taken from the current directory) instead of at 30 %% of the run, for a test "
+                   "that arranges the moment from inside the workers")
     d.add_argument("--keep-logs", action="store_true", help="keep the work directory (daemon and trainer logs) after a successful run")
     d.set_defaults(func=cmd_demo)
     return p

@@ -37,3 +37,28 @@ def test_the_reference_run_banner_has_single_spaces(args, monkeypatch):
         d.run()
     assert lines == [f"reference run: {' '.join(['ddp_train.py', *args.split()])} under linkpass exec + torchrun, no fault"]
     assert "  " not in lines[0]
+
+
+@pytest.mark.parametrize("args,why", [
+    (["--scenario", "reroute", "--fault-when", "{new}"], "only for the --script scenarios"),
+    (["--scenario", "snapshot", "--fault-when", "{new}"], "injects no fault"),
+    (["--scenario", "rail", "--fault-when", "{tmp}/no/such/dir/f"], "does not exist"),
+    (["--scenario", "rail", "--fault-when", "{tmp}"], "exists already"),
+    (["--scenario", "rail", "--fault-when", "{old}"], "exists already"),
+])
+def test_fault_when_is_refused_before_any_fabric_with_the_reason(args, why, tmp_path, capsys):
+    from linkpass.cli import main
+
+    (tmp_path / "old").write_text("")
+    args = [a.format(new=tmp_path / "new", tmp=tmp_path, old=tmp_path / "old") for a in args]
+    assert main(["demo", "--name", "lpfw", *args]) == 2
+    err = capsys.readouterr().err
+    assert why in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_fault_when_is_made_absolute(tmp_path, monkeypatch):
+    from linkpass.lab.demo.cli import fault_when_path
+
+    monkeypatch.chdir(tmp_path)
+    assert fault_when_path("cut", "rail") == str(tmp_path / "cut")
+    assert fault_when_path(None, "rail") is None

@@ -41,7 +41,9 @@ def main(args) -> int:
         if every is None or every < 0:
             raise DemoError("--memory-every must be 0 (off) or more", 2)
         demo.memory_every = every
-        demo.fault_when = getattr(args, "fault_when", None)
+        demo.fault_when = fault_when_path(getattr(args, "fault_when", None), scenario)
+    elif getattr(args, "fault_when", None):
+        raise DemoError("--fault-when: only for the --script scenarios (rail, rail-latched, device-fault, at-risk)", 2)
     elif scenario == "guard-device-fault":
         if getattr(args, "fault_host", None) == "all":
             raise DemoError("--fault-host all: only for the rail scenarios (rail, rail-latched)", 2)
@@ -80,3 +82,21 @@ def main(args) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
     return 0 if ok else 1
+
+
+def fault_when_path(raw: str | None, scenario: str) -> str | None:
+    """``--fault-when FILE`` checked before any fabric is built: an absolute path (the workers
+    run in their own directories) that does not exist yet, in a directory that does.
+
+    Raises:
+        DemoError: with what is wrong (exit status 2)."""
+    if not raw:
+        return None
+    if scenario == "snapshot":
+        raise DemoError("--fault-when: the snapshot scenario injects no fault", 2)
+    p = Path(raw).absolute()
+    if p.exists() or p.is_symlink():
+        raise DemoError(f"--fault-when {raw}: it exists already (the fault would come at once); remove it or name a new file", 2)
+    if not p.parent.is_dir():
+        raise DemoError(f"--fault-when {raw}: directory {p.parent} does not exist", 2)
+    return str(p)
