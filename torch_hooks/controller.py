@@ -599,7 +599,7 @@ class Controller:
         kv.set(fate, "handover")
         data = handover.capture_state(self.tracker)
         # for this rank's spare should it resume a step later from a peer (handover.choose_forward)
-        kv.set(f"handover/{e}/{self.s.rank}/rng", handover.latched_rng(self.tracker))
+        kv.set(f"handover/{e}/{self.s.rank}/rng", handover.own_rng(self.tracker, in_step=True))
         kv.set(f"handover/{e}/{self.s.rank}", json.dumps({"kind": "latched", "rank": self.s.rank, "spare": spare["id"],
                                             "src": self.s.rank, "t_ns": time.monotonic_ns()}))
         handover.put_state(kv, e, self.s.rank, data)

@@ -57,7 +57,7 @@ hands over at once (a rail dead on every host) and the one behind cannot be help
 that stays, its spare resumes from the peer ahead's state when the modules are replicated
 (:func:`choose_forward`; each rank writes ``rebuild/<e>/fate/<rank>``, ``handover``,
 ``in-process`` or ``exit``, once it has decided, and a latched rank leaves
-``handover/<e>/<rank>/rng``, :func:`latched_rng`).
+``handover/<e>/<rank>/rng``, :func:`own_rng` with ``in_step``).
 
 **What it cannot know.**  A script that does not iterate a ``DataLoader`` over a
 ``DistributedSampler`` and does not call :func:`torch_hooks.tracker.set_position`: no position,
@@ -199,31 +199,27 @@ def _save(obj: Any, f) -> None:
     getattr(torch.save, "__wrapped__", torch.save)(obj, f)  # the real torch.save, never the replay's
 
 
-def own_rng(tracker: Any) -> bytes:
+def own_rng(tracker: Any, in_step: bool = False) -> bytes:
     """This rank's RNG states for its spare (``torch.save`` bytes): at its last two step
     boundaries (``by_step``) and when its latest optimizer step was about to run (``pre_step``,
     after that step's forward and backward), with its last boundary (``steps``).  The replica's
     would be another stream when ranks seed differently (``torch.manual_seed(seed + rank)``,
-    dropout masks).  Host memory only: read after a GPU failed."""
-    buf = io.BytesIO()
-    _save({"steps": tracker.boundary_pos.get("steps"), "by_step": dict(tracker.rng_by_step),
-           "pre_step": dict(tracker.rng_pre_step)}, buf)
-    return buf.getvalue()
+    dropout masks).  Host memory only: read after a GPU failed.
 
-
-def latched_rng(tracker: Any) -> bytes:
-    """:func:`own_rng` for a rank that leaves its process because its latched rail died, with
-    its RNG states *now* as ``pre_step`` of the step after its boundary.  Read only when this
-    rank's spare resumes one step later, from a peer's state (:func:`forward_source`): the
-    rank is then behind that peer, i.e. blocked in a collective of that step's backward (DDP
-    allreduces its buckets there; the forward's buffer broadcast is waited for before any of
-    them is issued), so the step's random draws (dropout in the forward) are all made."""
-    from torch_hooks.tracker import _rng_state
-
-    buf = io.BytesIO()
+    ``in_step``: also the states *now*, as ``pre_step`` of the step after the boundary: for a
+    rank that leaves its process because its latched rail died, read only when its spare
+    resumes one step later from a peer's state (:func:`forward_source`).  The rank is then
+    behind that peer, i.e. blocked in a collective of that step's backward (DDP allreduces its
+    buckets there; the forward's buffer broadcast is waited for before any of them is issued),
+    so the step's random draws (dropout in the forward) are all made."""
     steps = tracker.boundary_pos.get("steps")
-    _save({"steps": steps, "by_step": dict(tracker.rng_by_step),
-           "pre_step": {**dict(tracker.rng_pre_step), int(steps or 0) + 1: _rng_state()}}, buf)
+    pre = dict(tracker.rng_pre_step)
+    if in_step:
+        from torch_hooks.tracker import _rng_state
+
+        pre[int(steps or 0) + 1] = _rng_state()
+    buf = io.BytesIO()
+    _save({"steps": steps, "by_step": dict(tracker.rng_by_step), "pre_step": pre}, buf)
     return buf.getvalue()
 
 
@@ -276,12 +272,12 @@ def choose_forward(rank: int, positions: dict[int, dict], fates: dict[int, str])
     # a replica is in exactly the same process groups: with data parallel inside model
     # parallel (tensor or pipeline groups), a rank ahead in a shared group (the world's) may
     # hold another shard of the model
-    groups = set((positions[rank].get("boundaries") or {}).keys())
-    leaving = [r for r in leaving if set((positions[r].get("boundaries") or {}).keys()) == groups] or leaving
-    src = max(leaving, key=lambda r: (int(positions[r].get("steps") or 0), -r))
-    if set((positions[src].get("boundaries") or {}).keys()) != groups:
+    groups = set(positions[rank].get("boundaries") or {})
+    replicas = [r for r in leaving if set(positions[r].get("boundaries") or {}) == groups]
+    if not replicas:
         return rank, (f"rank(s) {leaving} completed a step that rank {rank} had not and leave their processes too, but "
                       f"none of them is in the same process groups as rank {rank}: no peer's state is this rank's")
+    src = max(replicas, key=lambda r: (int(positions[r].get("steps") or 0), -r))
     kinds = {k for r in (rank, src) for k in (positions[r].get("module_kinds") or ["unknown"])}
     if kinds != {"ddp"}:
         return rank, (f"rank(s) {leaving} completed a step that rank {rank} had not (it had not got the result of one "

@@ -704,9 +704,9 @@ class Prober:
             self.counters["confirm_trains"] += 1
 
     def _passive(self, s: wire.Send, now: int) -> bool:
-        """Leave this regular fast probe out: the peer's requests prove the path (see above)."""
-        if s.confirm or not s.fast or s.peer >= self.cfg.daemon.host:
-            return False
+        """Leave this regular fast probe out: the peer's requests prove the path (see above).
+        Asked by :meth:`_send` only for a regular fast probe to a peer whose name sorts before
+        ours (the one of the two that probes)."""
         key = (s.rail, s.peer)
         ev = self._evidence_ns.get(key)
         slack = self.schedule.interval_ns * 3 // 2

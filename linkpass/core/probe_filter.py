@@ -212,19 +212,7 @@ class ProbeFilter:
         The prober calls this for every reply and passive proof (thousands a second); inside
         the running daemon the event and the general path cost about a third of a reply's
         handling (bench/README.md)."""
-        key = (rail, peer)
-        win = self.path_window.get(key)
-        t = self.tests.get(key)
-        if win is None or t is None or self.last_ok.get(key) is not True or self.streak.get(key, 0):
-            self(ProbeResult(rail, peer, True, t_ns, rtt_ns, seq))
-            return
-        self.last_ok_ns[key] = t_ns
-        self.absorbed += 1
-        self._window_answer(key, rail, t_ns, win)
-        # _test for an answer
-        probes = t.probes + 1
-        if t.update(True):
-            self._post_verdict(key, ProbeResult(rail, peer, True, t_ns, rtt_ns, seq), t, probes)
+        self.answered_many([(rail, peer, t_ns, rtt_ns, seq)])
 
     def answered_many(self, results: list[tuple[int, str, int, int | None, int]],
                       on_error: Callable[[tuple, Exception], None] | None = None) -> None:
@@ -232,10 +220,7 @@ class ProbeFilter:
         turn's replies and proofs: one call instead of one per result).  ``on_error(result,
         exception)``: called for a result whose handling raised (``post`` failing, say), and the
         rest are handled; None: the exception propagates."""
-        window_ns = self.probe.loss_window_ms * 1_000_000
-        path_window, tests, last_ok, streak = self.path_window, self.tests, self.last_ok, self.streak
-        last_ok_ns, rail_q, rail_n, rail_lost = self.last_ok_ns, self.rail_q, self.rail_n, self.rail_lost
-        last_side, last_report = self.last_side, self.last_report
+        path_window, tests, last_ok, streak, last_ok_ns = self.path_window, self.tests, self.last_ok, self.streak, self.last_ok_ns
         for res in results:
             try:  # free in Python 3.11 unless it raises
                 rail, peer, t_ns, rtt_ns, seq = res
@@ -247,22 +232,8 @@ class ProbeFilter:
                     continue
                 last_ok_ns[key] = t_ns
                 self.absorbed += 1
-                # _window_answer
-                e = (t_ns, True)
-                win.append(e)
-                q = rail_q.get(rail)
-                if q is None:
-                    q = rail_q[rail] = deque()
-                q.append((e, key))
-                n = rail_n.get(rail, 0) + 1
-                horizon = t_ns - window_ns
-                if q[0][0][0] < horizon:
-                    n = self._expire(rail, q, horizon, n)
-                rail_n[rail] = n
-                if (rail_lost.get(rail, 0) or last_side.get(rail, False)
-                        or t_ns - last_report.get(rail, -REPORT_NS) >= REPORT_NS):
-                    self._report(rail, n, t_ns)  # else: no loss, nothing to say before REPORT_S
-                probes = t.probes + 1
+                self._window_answer(key, rail, t_ns, win)
+                probes = t.probes + 1  # _test for an answer
                 if t.update(True):
                     self._post_verdict(key, ProbeResult(rail, peer, True, t_ns, rtt_ns, seq), t, probes)
             except Exception as ex:
@@ -389,8 +360,10 @@ class ProbeFilter:
         """Post the rail's ratio (``n`` results in its window, :meth:`_spread`) at most every
         REPORT_S, and at once when it crosses the DEGRADED threshold."""
         lost = self.rail_lost.get(rail, 0)
-        thr = self.probe.degraded_loss
         was = self.last_side.get(rail, False)
+        if not lost and not was and t_ns - self.last_report.get(rail, -REPORT_NS) < REPORT_NS:
+            return  # the common case, thousands a second: a ratio of 0 on a clean rail, said recently
+        thr = self.probe.degraded_loss
         if lost > n * thr / 2:  # the engine's hysteresis band: only here can one path's share change a verdict
             # while DEGRADED, and before saying it, with a path chosen now, not up to REPORT_S
             # ago: a path that has just gone bad stands out only after some results, and a

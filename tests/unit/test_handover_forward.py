@@ -2,7 +2,7 @@
 behind another: the peer completed allreduce K with the lagging rank's gradients, stepped and
 went on; the lagging rank never got K's result.  Its spare resumes from the peer's state (DDP:
 replicas) instead of a step earlier, where the peer's spare would refuse to pair with it
-(torch_hooks.handover.ranks_ahead / choose_forward / forward_source / latched_rng).  Real
+(torch_hooks.handover.ranks_ahead / choose_forward / forward_source / own_rng in_step).  Real
 in-memory stores; no sleeps."""
 
 from __future__ import annotations
@@ -116,7 +116,7 @@ def test_the_latched_rng_record_gives_the_draws_made_in_the_step_the_rank_did_no
     torch.rand(5)  # the step's forward (dropout masks)
     now = torch.get_rng_state().clone()
     tracker = SimpleNamespace(boundary_pos={"steps": 24}, rng_by_step={24: {"cpu": at_boundary}}, rng_pre_step={})
-    rec = torch.load(io.BytesIO(handover.latched_rng(tracker)), map_location="cpu", weights_only=False)
+    rec = torch.load(io.BytesIO(handover.own_rng(tracker, in_step=True)), map_location="cpu", weights_only=False)
     rng, why = handover.pick_rng(rec, 25)  # the peer ahead's step
     assert torch.equal(rng["cpu"], now) and "after the draws of step 25" in why
     rng, _ = handover.pick_rng(rec, 24)

@@ -160,13 +160,13 @@ def test_a_result_whose_posting_fails_is_counted_and_the_turn_goes_on():
     calls = [0]
     real = f.post
 
-    def flaky(ev):
+    def raises_once(ev):
         calls[0] += 1
         if calls[0] == 1:
             raise RuntimeError("queue full")
         real(ev)
 
-    f.post = flaky
+    f.post = raises_once
     for s in pr.schedule.poll(clock[0]):
         pr._send(s, clock[0])
     pend = sorted(pr.guard._pending.values(), key=lambda p: p.rail)
