@@ -77,7 +77,7 @@ from linkpass.core.model import ApplyRoutes, Nexthop, RouteSpec
 plans, peers, objects = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "1"
 nh = [Nexthop("198.18.240.2", "r0"), Nexthop("198.18.241.2", "r1")]
 def plan(g, nhs):
-    return ApplyRoutes(g, tuple(RouteSpec(f"198.19.241.{p + 1}/32", tuple(nhs), None, 254, 0, 201) for p in range(peers)))
+    return ApplyRoutes(g, tuple(RouteSpec(f"198.19.{241 + p // 250}.{1 + p % 250}/32", tuple(nhs), None, 254, 0, 201) for p in range(peers)))
 async def main():
     a = RouteActuator(lambda e: None, RouteSettings(201, 254, objects))
     await a.reconcile(plan(1, nh))

@@ -20,7 +20,7 @@ import errno as _errno
 import os
 import socket
 import struct
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from linkpass.core.model import Nexthop, RouteSpec
@@ -47,6 +47,11 @@ RT_SCOPE_UNIVERSE = 0
 RT_TABLE_UNSPEC = 0
 
 _NLMSGHDR = struct.Struct("=IHHII")  # len, type, flags, seq, pid
+_SEQ, _SEQ_OFF = struct.Struct("=I"), 8  # nlmsghdr.nlmsg_seq and its offset
+#: requests sent in one datagram by :meth:`NexthopSocket.request_many`: their ACKs (about 1 KiB
+#: of receive buffer each, a NACK echoes its request) must fit the socket's receive buffer
+#: (SO_RCVBUF, capped at net.core.rmem_max: 208 KiB by default, doubled by the kernel)
+BATCH_MAX = 128
 _NHMSG = struct.Struct("=BBBBI")  # family, scope, protocol, resvd, flags
 _RTMSG = struct.Struct("=BBBBBBBBI")  # family, dst_len, src_len, tos, table, protocol, scope, type, flags
 _NLATTR = struct.Struct("=HH")
@@ -283,17 +288,45 @@ class NexthopSocket:
     def request(self, build) -> None:
         """Send the message ``build(seq)`` and wait for its ACK; raises
         :class:`NetlinkNackError` on a NACK."""
-        seq = self._next()
-        self.sock.send(build(seq))
-        while True:
-            for m in parse_messages(self.sock.recv(65536)):
-                if m.seq != seq:
-                    continue  # a late answer to an earlier, timed-out request
-                if m.type == NLMSG_ERROR:
-                    e = nack_errno(m)
-                    if e:
-                        raise NetlinkNackError(e, os.strerror(e))
-                    return
+        e = self.request_many([build(0)])[0]
+        if e:
+            raise NetlinkNackError(e, os.strerror(e))
+
+    def request_many(self, messages: Sequence[bytes]) -> list[int]:
+        """Send the requests ``messages`` (each one whole netlink message asking for an ACK; its
+        seq field is overwritten) in as few datagrams as possible, :data:`BATCH_MAX` at most in
+        one, and wait for every ACK.  Returns per message the kernel's errno (0: done).
+
+        The kernel handles the messages of one datagram in order, each as if it came alone, and
+        answers each with its own ACK or NACK inside the same ``sendmsg`` (``netlink_rcv_skb``,
+        net/netlink/af_netlink.c: a NACK does not stop the messages after it): a plan's
+        replacements cost one system call instead of one each.
+
+        Raises:
+            OSError: the socket failed (e.g. ``socket.timeout`` after 5 s without an ACK, or
+                ENOBUFS: ACKs lost to a full receive buffer); some of the requests may have
+                been done, so the caller must re-read the kernel.
+        """
+        out = [0] * len(messages)
+        for start in range(0, len(messages), BATCH_MAX):
+            buf = bytearray()
+            waiting: dict[int, int] = {}
+            for i in range(start, min(start + BATCH_MAX, len(messages))):
+                seq = self._next()
+                waiting[seq] = i
+                off = len(buf)
+                buf += messages[i]
+                buf += b"\0" * (_align(len(buf)) - len(buf))
+                _SEQ.pack_into(buf, off + _SEQ_OFF, seq)
+            self.sock.send(buf)
+            while waiting:
+                for m in parse_messages(self.sock.recv(65536)):
+                    if m.type != NLMSG_ERROR:
+                        continue
+                    i = waiting.pop(m.seq, None)  # None: a late answer to an earlier, timed-out request
+                    if i is not None:
+                        out[i] = nack_errno(m)
+        return out
 
     def dump(self, build) -> list[NlMsg]:
         """Send the dump request ``build(seq)``; the messages up to NLMSG_DONE."""

@@ -29,6 +29,7 @@ import dataclasses
 import errno
 from dataclasses import dataclass
 import logging
+import os
 import socket
 import time
 from collections.abc import Callable, Mapping
@@ -302,29 +303,47 @@ class RouteActuator:
 
     def _apply_sync(self, ops, have: dict, errors: list[str], idx: Mapping[str, int]) -> tuple[int, int, int | None]:
         """:meth:`_apply` over the blocking socket with the ifindexes in ``idx`` (netdev ->
-        ifindex; a missing one fails its op with KeyError, reported in ``errors``)."""
+        ifindex; a missing one fails its op with KeyError, reported in ``errors``).  The ops go
+        to the kernel in order in one datagram (:meth:`NexthopSocket.request_many`): a plan's
+        replacements are in the kernel's routes within one system call."""
         replaced = deleted = 0
         t_last = None
         nl = self._nlsock()
+        batch: list = []
+        msgs: list[bytes] = []
         for op in ops:
-            r = op.route
             try:
-                if op.op == "replace":
-                    nl.request(lambda seq: inline_route_request(r, idx, seq))
-                    replaced += 1
-                    have[r.key] = r
-                    t_last = time.monotonic_ns()
-                else:
-                    nl.request(lambda seq: route_delete_request(r, seq))
-                    deleted += 1
-                    have.pop(r.key, None)
+                msgs.append(inline_route_request(op.route, idx, 0) if op.op == "replace" else route_delete_request(op.route, 0))
+            except (KeyError, ValueError) as e:
+                self._route_failed(op, f"netdev {e.args[0]} not found" if isinstance(e, KeyError) and e.args else e, errors)
+                continue
+            batch.append(op)
+        try:
+            results = nl.request_many(msgs)
+        except OSError as e:
+            for op in batch:
+                self._route_failed(op, e, errors)
+            return replaced, deleted, t_last
+        t_ack = time.monotonic_ns()
+        for op, err in zip(batch, results):
+            r = op.route
+            if err:
+                self._route_failed(op, NetlinkNackError(err, os.strerror(err)), errors)
+            elif op.op == "replace":
+                replaced += 1
+                have[r.key] = r
+                t_last = t_ack
                 log.info("route %s", op.describe())
-            except (NetlinkError, OSError, KeyError, ValueError) as e:
-                if isinstance(e, KeyError):
-                    e = f"netdev {e.args[0]} not found" if e.args else e
-                errors.append(f"{op.op} {r.dst}: {e}")
-                log.error("route %s failed: %s", op.describe(), e)
+            else:
+                deleted += 1
+                have.pop(r.key, None)
+                log.info("route %s", op.describe())
         return replaced, deleted, t_last
+
+    @staticmethod
+    def _route_failed(op, err, errors: list[str]) -> None:
+        errors.append(f"{op.op} {op.route.dst}: {err}")
+        log.error("route %s failed: %s", op.describe(), err)
 
     async def reconcile(self, plan: ApplyRoutes, full: bool = False) -> RoutesApplied:
         """One pass: diff against the kernel, apply replacements first, then deletions.
@@ -435,45 +454,86 @@ class RouteActuator:
         as done.  After a failed add or replace the deletions are skipped: a leaf or group the
         failed replace was to take out of use may still be in use (deleting a group's last
         leaves deletes the group and every route using it), so they wait for a pass whose
-        replacements went in."""
+        replacements went in.  Each run of adds and replaces goes to the kernel in one datagram
+        (:meth:`_apply_nh_batch`), the deletions one by one (each waits on the errors before it)."""
         nl = self._nlsock()
         replaced = deleted = 0
         t_last = None
         done: list[NhOp] = []
-        for op in ops:
+        i = 0
+        while i < len(ops):
+            if not ops[i].op.startswith("delete"):
+                # a run of adds and replaces: one datagram (request_many); the kernel takes
+                # them in order, so a group replace sees the leaves added before it
+                j = i
+                while j < len(ops) and not ops[j].op.startswith("delete"):
+                    j += 1
+                n, t = self._apply_nh_batch(nl, ops[i:j], errors, done)
+                replaced += n
+                t_last = t if t is not None else t_last
+                i = j
+                continue
+            op = ops[i]
+            i += 1
+            if errors:
+                continue
             try:
-                if op.op in ("add-nexthop", "replace-group"):
-                    assert op.obj is not None
-                    obj = op.obj
-                    idx = {obj.netdev: self._idx[obj.netdev]} if obj.netdev else {}
-                    nl.request(lambda seq: nexthop_request(obj, idx, seq))
-                    replaced += 1
-                    t_last = time.monotonic_ns()
-                elif op.op == "replace-route":
-                    assert op.route is not None and op.nhid is not None
-                    nl.request(lambda seq: route_request(op.route, op.nhid, seq))
-                    replaced += 1
-                    t_last = time.monotonic_ns()
-                else:
-                    if errors:
-                        continue
-                    try:
-                        if op.op == "delete-route":
-                            assert op.route is not None
-                            nl.request(lambda seq: route_delete_request(op.route, seq))
-                        else:
-                            assert op.obj is not None
-                            nl.request(lambda seq: nexthop_delete_request(op.obj.id, seq))
-                    except NetlinkNackError as e:
-                        if e.errno not in (errno.ENOENT, errno.ESRCH):
-                            raise
-                    deleted += 1
+                try:
+                    if op.op == "delete-route":
+                        assert op.route is not None
+                        nl.request(lambda seq: route_delete_request(op.route, seq))
+                    else:
+                        assert op.obj is not None
+                        nl.request(lambda seq: nexthop_delete_request(op.obj.id, seq))
+                except NetlinkNackError as e:
+                    if e.errno not in (errno.ENOENT, errno.ESRCH):
+                        raise
+                deleted += 1
                 done.append(op)
                 log.info("nexthop %s", op.describe())
             except (NetlinkError, OSError, KeyError, ValueError) as e:
                 errors.append(f"{op.describe()}: {e}")
                 log.error("nexthop %s failed: %s", op.describe(), e)
         return (replaced, deleted, t_last), done
+
+    def _apply_nh_batch(self, nl: NexthopSocket, ops: list[NhOp], errors: list[str], done: list[NhOp]) -> tuple[int, int | None]:
+        """Adds and replaces (``add-nexthop``, ``replace-group``, ``replace-route``) in one
+        datagram; returns (how many went in, monotonic ns of their ACKs or None)."""
+        batch: list[NhOp] = []
+        msgs: list[bytes] = []
+        for op in ops:
+            try:
+                if op.op == "replace-route":
+                    assert op.route is not None and op.nhid is not None
+                    msgs.append(route_request(op.route, op.nhid, 0))
+                else:
+                    assert op.obj is not None
+                    idx = {op.obj.netdev: self._idx[op.obj.netdev]} if op.obj.netdev else {}
+                    msgs.append(nexthop_request(op.obj, idx, 0))
+            except (KeyError, ValueError) as e:
+                errors.append(f"{op.describe()}: {e}")
+                log.error("nexthop %s failed: %s", op.describe(), e)
+                continue
+            batch.append(op)
+        try:
+            results = nl.request_many(msgs)
+        except OSError as e:
+            for op in batch:
+                errors.append(f"{op.describe()}: {e}")
+                log.error("nexthop %s failed: %s", op.describe(), e)
+            return 0, None
+        t_ack = time.monotonic_ns()
+        n = 0
+        for op, err in zip(batch, results):
+            if err:
+                e = NetlinkNackError(err, os.strerror(err))
+                errors.append(f"{op.describe()}: {e}")
+                log.error("nexthop %s failed: %s", op.describe(), e)
+                continue
+            n += 1
+            done.append(op)
+            log.info("nexthop %s", op.describe())
+        return n, (t_ack if n else None)
 
     async def _reconcile_nh(self, plan: ApplyRoutes, full: bool, settings: RouteSettings) -> RoutesApplied:
         """One pass in nexthop-object mode (same contract as :meth:`reconcile`).
