@@ -11,6 +11,10 @@ plans that alternate "rails 0+1" and "rail 1 only" ``--plans`` times; per plan: 
 acknowledged" part of a local reroute that the actuator owns.  Also the kernel operations per
 plan.
 
+Part 1b, ``requests``: the kernel's part alone: per plan ``--peers`` inline route replaces sent
+over the blocking rtnetlink socket in one datagram (``NexthopSocket.request_many``, as the
+actuator sends a plan's replacements) and one request per datagram, each waiting for its ACK.
+
 Part 2, ``stall_ms`` (emulated fabric ``--name``, 2 hosts x 2 rails, real daemons): a paced TCP
 flow (1 KiB every 1 ms) from host 0 to host 1's host IP; the rail carrying it (tx counters) is
 cut on host 0 with ``carrier-loss``; ``stall_ms`` is the longest gap between two receptions at
@@ -90,6 +94,49 @@ async def main():
     print(json.dumps(out))
 asyncio.run(main())
 """
+
+
+REQUESTS_CHILD = r"""
+import json, socket, sys, time
+from linkpass.adapters import nhlink
+from linkpass.core.model import Nexthop, RouteSpec
+plans, peers = int(sys.argv[1]), int(sys.argv[2])
+idx = {"r0": socket.if_nametoindex("r0"), "r1": socket.if_nametoindex("r1")}
+nh = [Nexthop("198.18.240.2", "r0"), Nexthop("198.18.241.2", "r1")]
+def msgs(nhs):
+    return [nhlink.inline_route_request(RouteSpec(f"198.19.{241 + p // 250}.{1 + p % 250}/32", tuple(nhs), None, 254, 0, 201), idx, 0)
+            for p in range(peers)]
+both, one = msgs(nh), msgs(nh[1:])
+nl = nhlink.NexthopSocket()
+nl.request_many(both)
+out = {"one_datagram": [], "one_by_one": []}
+for g in range(plans):
+    m = both if g % 2 else one
+    batched = g % 4 < 2  # alternate the two ways in pairs, so each sees both plans
+    t0 = time.monotonic_ns()
+    if batched:
+        errs = nl.request_many(m)
+    else:
+        errs = []
+        for x in m:
+            errs += nl.request_many([x])
+    out["one_datagram" if batched else "one_by_one"].append(((time.monotonic_ns() - t0) / 1e6, sum(1 for e in errs if e)))
+print(json.dumps(out))
+"""
+
+
+def request_times(plans: int, peers: int) -> dict:
+    """The kernel's part alone: ``peers`` inline route replaces per plan sent over the blocking
+    rtnetlink socket in one datagram (``request_many``, as the actuator does) and one request per
+    datagram, each waiting for its ACK (as before d0bac21); plans alternate as in part 1."""
+    pair_up(peers)
+    try:
+        p = subprocess.run(["ip", "netns", "exec", NS_A, sys.executable, "-c", REQUESTS_CHILD, str(plans), str(peers)],
+                           capture_output=True, text=True, check=True, cwd=Path(__file__).resolve().parents[1])
+        rows = json.loads(p.stdout)
+    finally:
+        pair_down()
+    return {k: {"ms": summary([ms for ms, _ in v]), "errors": sum(e for _, e in v)} for k, v in rows.items()}
 
 
 def apply_times(plans: int, peers: int, objects: bool) -> dict:
@@ -260,6 +307,10 @@ def main() -> int:
                 r, d = v["reroute_ms"], v["detect_ms"]
                 print(f"{'':16s} in the daemon: detect p50 {d['p50']:.2f} ms, local reroute (DOWN -> routes ACKed) "
                       f"p50 {r['p50']:.2f} p99 {r['p99']:.2f} ms over {r['n']} cuts")
+    report["requests"] = rq = request_times(args.plans, args.peers)
+    for k, v in rq.items():
+        print(f"{'requests':16s} {args.peers} route replaces {k.replace('_', ' ')}: p50 {v['ms']['p50']:.3f} ms "
+              f"p99 {v['ms']['p99']:.3f} ms, errors {v['errors']}")
     if args.json:
         write_json(args.json, report)
     return 0

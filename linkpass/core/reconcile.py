@@ -54,6 +54,9 @@ def diff(desired: Iterable[RouteSpec], observed: Iterable[RouteSpec], proto: int
     desired = list(desired)
     observed = list(observed)
     ours = [r for r in observed if r.proto == proto]
+    ours_by_key: dict[tuple[str, int, int], RouteSpec] = {}
+    for r in ours:  # the first of ours in each slot (a dict: a scan per desired route is O(n^2) at 1,000s of peers)
+        ours_by_key.setdefault(r.key, r)
     foreign_keys = {r.key: r for r in observed if r.proto != proto}
     ops: list[RouteOp] = []
     conflicts: list[str] = []
@@ -64,7 +67,7 @@ def diff(desired: Iterable[RouteSpec], observed: Iterable[RouteSpec], proto: int
             conflicts.append(f"{want.dst} table {want.table} metric {want.metric} is held by a route of proto {f.proto}; not touching it")
             continue
         wanted_keys.add(want.key)
-        have = next((r for r in ours if r.key == want.key), None)
+        have = ours_by_key.get(want.key)
         if have is None or not have.same_forwarding(want):
             ops.append(RouteOp("replace", want))
     for have in ours:

@@ -171,3 +171,19 @@ def test_applying_the_ops_yields_the_desired_routes(case):
             assert fib[r.key] == r
     # idempotent: diffing again gives no ops
     assert diff(desired, list(fib.values()), OURS, keep).ops == ()
+
+
+def test_of_two_routes_of_ours_in_one_slot_the_first_observed_is_compared():
+    # the kernel lists one route per (dst, table, metric); a picture may still hold two (a stale
+    # cache): the first decides, as a scan in observed order would
+    stale = rt("198.19.0.2/32", "198.18.0.9")
+    assert diff([A], [A, stale], OURS).ops == ()
+    assert diff([A], [stale, A], OURS).ops == (RouteOp("replace", A),)
+
+
+def test_a_plan_of_thousands_of_destinations_is_diffed_per_slot():
+    want = [rt(f"198.19.{i // 250}.{1 + i % 250}/32", "198.18.0.2") for i in range(3000)]
+    have = [rt(f"198.19.{i // 250}.{1 + i % 250}/32", "198.18.1.2") for i in range(3000)]
+    d = diff(want, have + [rt("198.19.99.1/32", "198.18.0.2")], OURS)
+    assert [op.route for op in d.ops if op.op == "replace"] == want
+    assert [op.route.dst for op in d.ops if op.op == "delete"] == ["198.19.99.1/32"]
