@@ -666,6 +666,8 @@ static void handle_dgram(Responder *r, const unsigned char *d, size_t n, const s
 static void *responder_main(void *arg)
 {
     Responder *r = arg;
+    /* named for `top -H`, ps -L and bench/thread_cpu.py (at most 15 bytes) */
+    pthread_setname_np(pthread_self(), "lp-responder");
     struct mmsghdr msgs[BATCH];
     struct iovec iov[BATCH];
     struct sockaddr_in names[BATCH];

@@ -6,6 +6,7 @@ does, everything else comes back raw and byte for byte, and what it sends is wha
 from __future__ import annotations
 
 import errno
+import os
 import socket
 import time
 
@@ -287,6 +288,19 @@ def responder():
     r.stop()  # idempotent
     resp.close()
     peer.close()
+
+
+def test_the_responder_thread_is_named_for_top_and_ps(responder):
+    def names() -> list[str]:
+        out = []
+        for tid in os.listdir("/proc/self/task"):
+            try:
+                out.append(open(f"/proc/self/task/{tid}/comm").read().strip())
+            except OSError:
+                pass
+        return out
+
+    wait_until(lambda: "lp-responder" in names(), what="a thread named lp-responder")  # it names itself once it runs
 
 
 def _take(r, n: int) -> tuple[list, int, int, int]:
