@@ -48,6 +48,7 @@ RT_TABLE_UNSPEC = 0
 
 _NLMSGHDR = struct.Struct("=IHHII")  # len, type, flags, seq, pid
 _SEQ, _SEQ_OFF = struct.Struct("=I"), 8  # nlmsghdr.nlmsg_seq and its offset
+_FLAGS, _FLAGS_OFF = struct.Struct("=H"), 6  # nlmsghdr.nlmsg_flags and its offset
 #: requests sent in one datagram by :meth:`NexthopSocket.request_many`: their ACKs (about 1 KiB
 #: of receive buffer each, a NACK echoes its request) must fit the socket's receive buffer
 #: (SO_RCVBUF, capped at net.core.rmem_max: 208 KiB by default, doubled by the kernel)
@@ -293,8 +294,8 @@ class NexthopSocket:
             raise NetlinkNackError(e, os.strerror(e))
 
     def request_many(self, messages: Sequence[bytes]) -> list[int]:
-        """Send the requests ``messages`` (each one whole netlink message asking for an ACK; its
-        seq field is overwritten) in as few datagrams as possible, :data:`BATCH_MAX` at most in
+        """Send the requests ``messages`` (each one whole netlink message; its seq field is
+        overwritten and NLM_F_ACK set) in as few datagrams as possible, :data:`BATCH_MAX` at most in
         one, and wait for every ACK.  Returns per message the kernel's errno (0: done).
 
         The kernel handles the messages of one datagram in order, each as if it came alone, and
@@ -303,10 +304,14 @@ class NexthopSocket:
         replacements cost one system call instead of one each.
 
         Raises:
+            ValueError: a message shorter than a netlink header (nothing was sent).
             OSError: the socket failed (e.g. ``socket.timeout`` after 5 s without an ACK, or
                 ENOBUFS: ACKs lost to a full receive buffer); some of the requests may have
                 been done, so the caller must re-read the kernel.
         """
+        for i, m in enumerate(messages):
+            if len(m) < _NLMSGHDR.size:
+                raise ValueError(f"netlink request {i} is {len(m)} bytes, shorter than its header")
         out = [0] * len(messages)
         for start in range(0, len(messages), BATCH_MAX):
             buf = bytearray()
@@ -318,6 +323,8 @@ class NexthopSocket:
                 buf += messages[i]
                 buf += b"\0" * (_align(len(buf)) - len(buf))
                 _SEQ.pack_into(buf, off + _SEQ_OFF, seq)
+                flags = _FLAGS.unpack_from(buf, off + _FLAGS_OFF)[0]
+                _FLAGS.pack_into(buf, off + _FLAGS_OFF, flags | NLM_F_ACK)  # an ACK for each, or a success is never heard
             self.sock.send(buf)
             while waiting:
                 for m in parse_messages(self.sock.recv(65536)):

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import importlib
 import json
+import struct
 from pathlib import Path
 
 import pytest
 from pyroute2.netlink.rtnl.rtmsg import rtmsg
 
+from linkpass.adapters import nhlink
 from linkpass.adapters.netlink import event_from_msg, snapshot_events
 from linkpass.adapters.routes import (
     NUD_FAILED,
@@ -219,3 +221,72 @@ def test_neighbour_purge_picks_dynamic_entries_of_that_netdev_only():
     assert neighbors_to_purge(entries, RAIL1) == ["198.18.1.77"]
     # a rail whose link came back: only unresolved entries (these are STALE, so none)
     assert neighbors_to_purge(entries, RAIL0, only_states=NUD_INCOMPLETE | NUD_FAILED) == []
+
+
+class _FakeNetlink:
+    """Stands in for the NETLINK_ROUTE socket: records what is sent, answers each request of a
+    datagram with an ACK, or a NACK for the dsts in ``refuse``, after ``stale`` (answers to
+    earlier, timed-out requests) and messages that are not answers."""
+
+    def __init__(self, refuse: dict[int, int] | None = None, stale: bytes = b""):
+        self.sent: list[bytes] = []
+        self.refuse = refuse or {}  # index of the request over all datagrams -> errno
+        self.queue: list[bytes] = []
+        self.stale = stale
+        self.n = 0
+
+    def send(self, data: bytes) -> int:
+        self.sent.append(bytes(data))
+        answers = [self.stale]
+        self.stale = b""
+        for m in nhlink.parse_messages(bytes(data)):
+            hdr = struct.pack("=IHHII", 16 + len(m.body), 24, m.flags, m.seq, 0)
+            assert m.flags & nhlink.NLM_F_ACK
+            err = -self.refuse.get(self.n, 0)
+            self.n += 1
+            answers.append(struct.pack("=IHHII", 16 + 4 + 16, nhlink.NLMSG_ERROR, 0, m.seq, 0) + struct.pack("=i", err) + hdr)
+            answers.append(struct.pack("=IHHII", 16, 99, 0, m.seq, 0))  # not an answer: ignored
+        self.queue.append(b"".join(answers))
+        return len(data)
+
+    def recv(self, n: int) -> bytes:
+        return self.queue.pop(0)
+
+    def close(self) -> None:
+        pass
+
+
+def _request(i: int, flags: int = nhlink.NLM_F_REQUEST) -> bytes:
+    body = struct.pack("=BBBBBBBBI", 2, 32, 0, 0, 254, 201, 0, 1, 0) + bytes([8, 0, 1, 0, 198, 19, i // 250, 1 + i % 250])
+    return struct.pack("=IHHII", 16 + len(body), 24, flags, 0, 0) + body
+
+
+def test_request_many_answers_each_request_in_order_and_splits_big_batches():
+    nl = nhlink.NexthopSocket()
+    nl.sock.close()
+    nl._seq = 1000  # the stale answer below is to seq 1000, the last one before ours
+    nl.sock = fake = _FakeNetlink(refuse={5: 19, 200: 101}, stale=struct.pack("=IHHII", 36, nhlink.NLMSG_ERROR, 0, 1000, 0) + struct.pack("=i", -1) + bytes(16))
+    errnos = nl.request_many([_request(i) for i in range(300)])
+    assert [(i, e) for i, e in enumerate(errnos) if e] == [(5, 19), (200, 101)]
+    assert [len(list(nhlink.parse_messages(d))) for d in fake.sent] == [nhlink.BATCH_MAX, nhlink.BATCH_MAX, 300 - 2 * nhlink.BATCH_MAX]
+    seqs = [m.seq for d in fake.sent for m in nhlink.parse_messages(d)]
+    assert len(set(seqs)) == 300  # every request its own seq (ACKs are matched by it)
+
+
+def test_request_many_asks_for_every_ack_and_refuses_a_runt():
+    nl = nhlink.NexthopSocket()
+    nl.sock.close()
+    nl.sock = fake = _FakeNetlink()
+    assert nl.request_many([_request(1, flags=nhlink.NLM_F_REQUEST)]) == [0]  # the fake asserts NLM_F_ACK
+    with pytest.raises(ValueError, match="request 1 is 8 bytes"):
+        nl.request_many([_request(1), b"\0" * 8])
+    assert len(fake.sent) == 1  # nothing of the refused call was sent
+
+
+def test_request_raises_the_nack():
+    nl = nhlink.NexthopSocket()
+    nl.sock.close()
+    nl.sock = _FakeNetlink(refuse={0: 17})
+    with pytest.raises(nhlink.NetlinkNackError) as e:
+        nl.request(lambda seq: _request(3))
+    assert e.value.errno == 17
