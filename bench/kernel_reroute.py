@@ -285,6 +285,9 @@ def main() -> int:
     ap.add_argument("--skip-stall", action="store_true")
     ap.add_argument("--json")
     args = ap.parse_args()
+    if args.plans < 4 or args.peers < 1 or args.cuts < 0:
+        print("kernel_reroute: --plans must be >= 4 (plans alternate in pairs), --peers >= 1, --cuts >= 0", file=sys.stderr)
+        return 2
     if os.geteuid() != 0:
         print("kernel_reroute: must run as root (network namespaces)", file=sys.stderr)
         return 2

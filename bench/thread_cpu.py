@@ -19,10 +19,15 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import os
 import sys
 import time
 from pathlib import Path
+
+
+#: commands that start the daemon and stay its parent (their command line names it too)
+WRAPPERS = {"sudo", "ip", "nsenter", "env", "timeout", "systemd-run", "unshare"}
 
 
 def daemons() -> list[tuple[int, str]]:
@@ -35,9 +40,16 @@ def daemons() -> list[tuple[int, str]]:
             argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
         except OSError:
             continue
-        if "run" in argv and "--config" in argv and any("linkpass" in a for a in argv):
-            i = argv.index("--config")
-            out.append((int(pid), argv[i + 1] if i + 1 < len(argv) else "?"))
+        if os.path.basename(argv[0]) in WRAPPERS or "run" not in argv or not any("linkpass" in a for a in argv):
+            continue
+        config = None
+        for i, a in enumerate(argv):
+            if a == "--config" and i + 1 < len(argv):
+                config = argv[i + 1]
+            elif a.startswith("--config="):
+                config = a.split("=", 1)[1]
+        if config is not None:
+            out.append((int(pid), config))
     return sorted(out)
 
 
@@ -68,9 +80,17 @@ def main() -> int:
     ap.add_argument("--window-s", type=float, default=30.0)
     ap.add_argument("--json", metavar="FILE")
     args = ap.parse_args()
-    if args.window_s <= 0:
-        print("thread_cpu: --window-s must be > 0", file=sys.stderr)
+    if not math.isfinite(args.window_s) or args.window_s <= 0:
+        print("thread_cpu: --window-s must be a number > 0", file=sys.stderr)
         return 2
+    if args.json:  # checked before the window, not after it
+        try:
+            if Path(args.json).is_dir():
+                raise IsADirectoryError("a directory")
+            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            print(f"thread_cpu: --json {args.json}: {e.strerror or e}", file=sys.stderr)
+            return 2
     found = daemons()
     if not found:
         print("thread_cpu: no running `linkpass ... run --config FILE` found", file=sys.stderr)
@@ -102,7 +122,6 @@ def main() -> int:
                   f"user {r['user_pct']:5.2f} %  sys {r['sys_pct']:5.2f} %")
     if args.json:
         p = Path(args.json)
-        p.parent.mkdir(parents=True, exist_ok=True)
         p.write_text(json.dumps(report, indent=2) + "\n")
         print(f"wrote {p}")
     return 0

@@ -49,10 +49,13 @@ RT_TABLE_UNSPEC = 0
 _NLMSGHDR = struct.Struct("=IHHII")  # len, type, flags, seq, pid
 _SEQ, _SEQ_OFF = struct.Struct("=I"), 8  # nlmsghdr.nlmsg_seq and its offset
 _FLAGS, _FLAGS_OFF = struct.Struct("=H"), 6  # nlmsghdr.nlmsg_flags and its offset
-#: requests sent in one datagram by :meth:`NexthopSocket.request_many`: their ACKs (about 1 KiB
-#: of receive buffer each, a NACK echoes its request) must fit the socket's receive buffer
-#: (SO_RCVBUF, capped at net.core.rmem_max: 208 KiB by default, doubled by the kernel)
+#: requests and bytes sent in one datagram by :meth:`NexthopSocket.request_many`.  Its answers
+#: (a NACK per refused request, about 1 KiB of receive buffer each, and one ACK) must fit the
+#: socket's receive buffer (SO_RCVBUF, capped at net.core.rmem_max: 208 KiB by default, doubled by
+#: the kernel) and the datagram its send buffer (net.core.wmem_default: 208 KiB)
 BATCH_MAX = 128
+BATCH_BYTES = 32 << 10
+SOL_NETLINK, NETLINK_CAP_ACK = 270, 10  # include/linux/socket.h, include/uapi/linux/netlink.h
 _NHMSG = struct.Struct("=BBBBI")  # family, scope, protocol, resvd, flags
 _RTMSG = struct.Struct("=BBBBBBBBI")  # family, dst_len, src_len, tos, table, protocol, scope, type, flags
 _NLATTR = struct.Struct("=HH")
@@ -62,6 +65,17 @@ _RTNH = struct.Struct("=HBBi")  # len, flags, hops, ifindex
 
 class NetlinkNackError(OSError):
     """The kernel refused a request (``errno`` is the kernel's)."""
+
+
+class NetlinkBatchError(OSError):
+    """The socket failed during :meth:`NexthopSocket.request_many`.  ``results``: per request
+    the kernel's errno where it answered before the failure (0: done), None where unknown."""
+
+    def __init__(self, cause: OSError, results: list[int | None]):
+        unknown = sum(1 for r in results if r is None)
+        super().__init__(cause.errno, f"{cause.strerror or str(cause) or type(cause).__name__} "
+                                      f"({unknown} of {len(results)} requests unconfirmed)")
+        self.results = results
 
 
 def _align(n: int) -> int:
@@ -275,6 +289,10 @@ class NexthopSocket:
     def __init__(self) -> None:
         self.sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, socket.NETLINK_ROUTE)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
+        try:  # a NACK carries the refused request's header only, not the whole request (Linux 4.3+)
+            self.sock.setsockopt(SOL_NETLINK, NETLINK_CAP_ACK, 1)
+        except OSError:
+            pass
         self.sock.settimeout(5.0)
         self.sock.bind((0, 0))
         self._seq = int.from_bytes(os.urandom(2), "little") << 8
@@ -288,52 +306,84 @@ class NexthopSocket:
 
     def request(self, build) -> None:
         """Send the message ``build(seq)`` and wait for its ACK; raises
-        :class:`NetlinkNackError` on a NACK."""
+        :class:`NetlinkNackError` on a NACK, :class:`NetlinkBatchError` (an OSError) when the
+        socket fails."""
         e = self.request_many([build(0)])[0]
         if e:
             raise NetlinkNackError(e, os.strerror(e))
 
     def request_many(self, messages: Sequence[bytes]) -> list[int]:
-        """Send the requests ``messages`` (each one whole netlink message; its seq field is
-        overwritten and NLM_F_ACK set) in as few datagrams as possible, :data:`BATCH_MAX` at most in
-        one, and wait for every ACK.  Returns per message the kernel's errno (0: done).
+        """Send the requests ``messages`` (each one whole netlink message; its seq field and
+        NLM_F_ACK flag are overwritten) in as few datagrams as possible (:data:`BATCH_MAX`
+        requests and :data:`BATCH_BYTES` bytes at most in one), and wait until the kernel has
+        handled all of them.  Returns per message the kernel's errno (0: done).
 
-        The kernel handles the messages of one datagram in order, each as if it came alone, and
-        answers each with its own ACK or NACK inside the same ``sendmsg`` (``netlink_rcv_skb``,
-        net/netlink/af_netlink.c: a NACK does not stop the messages after it): a plan's
-        replacements cost one system call instead of one each.
+        The kernel handles the messages of one datagram in order, each as if it came alone,
+        inside the ``sendmsg``, and answers a refused one with a NACK whether or not it asked
+        for an ACK (``netlink_rcv_skb``, net/netlink/af_netlink.c: ``if (nlh->nlmsg_flags &
+        NLM_F_ACK || err) netlink_ack(...)``); a NACK does not stop the messages after it.  So
+        only the last message of a datagram asks for an ACK: when its answer is read, every
+        message before it was handled and the NACKs among them were read before it.  A plan's
+        replacements cost one ``sendmsg`` and one ``recv`` per refusal plus one, not a
+        ``sendmsg`` and a ``recv`` each.
 
         Raises:
             ValueError: a message shorter than a netlink header (nothing was sent).
-            OSError: the socket failed (e.g. ``socket.timeout`` after 5 s without an ACK, or
-                ENOBUFS: ACKs lost to a full receive buffer); some of the requests may have
-                been done, so the caller must re-read the kernel.
+            NetlinkBatchError: the socket failed (``socket.timeout`` after 5 s without the
+                answer, ENOBUFS: answers lost to a full receive buffer, a refused ``sendmsg``);
+                its ``results`` say which requests are known done or refused, the others may
+                or may not have been done.  What the socket still held is read and dropped, so
+                the next request starts clean.
         """
         for i, m in enumerate(messages):
             if len(m) < _NLMSGHDR.size:
                 raise ValueError(f"netlink request {i} is {len(m)} bytes, shorter than its header")
-        out = [0] * len(messages)
-        for start in range(0, len(messages), BATCH_MAX):
+        out: list[int | None] = [None] * len(messages)
+        start = 0
+        while start < len(messages):
             buf = bytearray()
-            waiting: dict[int, int] = {}
-            for i in range(start, min(start + BATCH_MAX, len(messages))):
-                seq = self._next()
-                waiting[seq] = i
-                off = len(buf)
+            seq_of: dict[int, int] = {}
+            i, last_off, last_seq = start, 0, 0
+            while i < len(messages) and len(seq_of) < BATCH_MAX and (not seq_of or len(buf) + len(messages[i]) <= BATCH_BYTES):
+                last_seq = self._next()
+                seq_of[last_seq] = i
+                last_off = len(buf)
                 buf += messages[i]
                 buf += b"\0" * (_align(len(buf)) - len(buf))
-                _SEQ.pack_into(buf, off + _SEQ_OFF, seq)
-                flags = _FLAGS.unpack_from(buf, off + _FLAGS_OFF)[0]
-                _FLAGS.pack_into(buf, off + _FLAGS_OFF, flags | NLM_F_ACK)  # an ACK for each, or a success is never heard
-            self.sock.send(buf)
-            while waiting:
-                for m in parse_messages(self.sock.recv(65536)):
-                    if m.type != NLMSG_ERROR:
-                        continue
-                    i = waiting.pop(m.seq, None)  # None: a late answer to an earlier, timed-out request
-                    if i is not None:
-                        out[i] = nack_errno(m)
-        return out
+                _SEQ.pack_into(buf, last_off + _SEQ_OFF, last_seq)
+                flags = _FLAGS.unpack_from(buf, last_off + _FLAGS_OFF)[0]
+                _FLAGS.pack_into(buf, last_off + _FLAGS_OFF, flags & ~NLM_F_ACK)
+                i += 1
+            flags = _FLAGS.unpack_from(buf, last_off + _FLAGS_OFF)[0]
+            _FLAGS.pack_into(buf, last_off + _FLAGS_OFF, flags | NLM_F_ACK)
+            try:
+                self.sock.send(buf)
+                answered = False
+                while not answered:
+                    for m in parse_messages(self.sock.recv(65536)):
+                        if m.type != NLMSG_ERROR:
+                            continue
+                        j = seq_of.get(m.seq)  # None: a late answer to an earlier, failed batch
+                        if j is not None:
+                            out[j] = nack_errno(m)
+                            answered = answered or m.seq == last_seq
+            except OSError as e:
+                self._drain()
+                raise NetlinkBatchError(e, out) from e
+            for j in seq_of.values():
+                if out[j] is None:
+                    out[j] = 0
+            start = i
+        return out  # type: ignore[return-value]  # every entry is set once its datagram was answered
+
+    def _drain(self) -> None:
+        """Read and drop whatever the socket holds (answers a failed batch left behind; after
+        ENOBUFS the kernel drops every new answer until the queue is empty)."""
+        try:
+            while True:
+                self.sock.recv(65536, socket.MSG_DONTWAIT)
+        except OSError:
+            pass  # empty (EAGAIN), or the socket itself failed: the next request finds out
 
     def dump(self, build) -> list[NlMsg]:
         """Send the dump request ``build(seq)``; the messages up to NLMSG_DONE."""

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import logging
 import os
 import socket
+import struct
 import time
 from collections.abc import Callable, Mapping
 
@@ -39,6 +40,7 @@ from pyroute2.netlink.exceptions import NetlinkError
 
 from linkpass.adapters.nhlink import (
     RTA_NH_ID,
+    NetlinkBatchError,
     NetlinkNackError,
     NexthopSocket,
     inline_route_request,
@@ -58,6 +60,26 @@ NUD_INCOMPLETE = 0x01
 NUD_FAILED = 0x20
 NUD_NOARP = 0x40
 NUD_PERMANENT = 0x80
+
+
+#: what building a request can raise: a netdev without a known ifindex (KeyError), a route with
+#: no nexthop (ValueError), an address inet_aton refuses (OSError), a field out of range (struct.error)
+_BUILD_ERRORS = (KeyError, ValueError, OSError, struct.error)
+
+
+def _build_error(e: Exception) -> str:
+    if isinstance(e, KeyError) and e.args:
+        return f"netdev {e.args[0]} not found"
+    return f"cannot encode the request: {e}"
+
+
+def _send_batch(nl: NexthopSocket, msgs: list[bytes]) -> tuple[list[int | None], str]:
+    """``nl.request_many(msgs)``; on a socket failure the per-request results it knows (None:
+    unknown, maybe done) and why, for the ops it could not confirm."""
+    try:
+        return list(nl.request_many(msgs)), ""
+    except NetlinkBatchError as e:
+        return e.results, f"not confirmed: {e}"
 
 
 def route_from_msg(msg, names: Mapping[int, str]) -> RouteSpec | None:
@@ -303,47 +325,50 @@ class RouteActuator:
 
     def _apply_sync(self, ops, have: dict, errors: list[str], idx: Mapping[str, int]) -> tuple[int, int, int | None]:
         """:meth:`_apply` over the blocking socket with the ifindexes in ``idx`` (netdev ->
-        ifindex; a missing one fails its op with KeyError, reported in ``errors``).  The ops go
-        to the kernel in order in one datagram (:meth:`NexthopSocket.request_many`): a plan's
-        replacements are in the kernel's routes within one system call."""
+        ifindex; a missing one fails its op, reported in ``errors``).  The replacements go to
+        the kernel in one datagram (:meth:`NexthopSocket.request_many`), then the deletions in
+        another: a plan's replacements are in the kernel's routes within one ``sendmsg``, and
+        ``t_last`` is their ACK.  Errors and log lines come in the order of ``ops``."""
         replaced = deleted = 0
         t_last = None
         nl = self._nlsock()
-        batch: list = []
-        msgs: list[bytes] = []
-        for op in ops:
-            try:
-                msgs.append(inline_route_request(op.route, idx, 0) if op.op == "replace" else route_delete_request(op.route, 0))
-            except (KeyError, ValueError) as e:
-                self._route_failed(op, f"netdev {e.args[0]} not found" if isinstance(e, KeyError) and e.args else e, errors)
+        failed: dict[int, object] = {}  # op index -> why
+        for kind in ("replace", "delete"):
+            batch: list[int] = []
+            msgs: list[bytes] = []
+            for k, op in enumerate(ops):
+                if (op.op == "replace") != (kind == "replace"):
+                    continue
+                try:
+                    msgs.append(inline_route_request(op.route, idx, 0) if kind == "replace" else route_delete_request(op.route, 0))
+                except _BUILD_ERRORS as e:
+                    failed[k] = _build_error(e)
+                    continue
+                batch.append(k)
+            if not batch:
                 continue
-            batch.append(op)
-        try:
-            results = nl.request_many(msgs)
-        except OSError as e:
-            for op in batch:
-                self._route_failed(op, e, errors)
-            return replaced, deleted, t_last
-        t_ack = time.monotonic_ns()
-        for op, err in zip(batch, results):
-            r = op.route
-            if err:
-                self._route_failed(op, NetlinkNackError(err, os.strerror(err)), errors)
-            elif op.op == "replace":
-                replaced += 1
-                have[r.key] = r
-                t_last = t_ack
-                log.info("route %s", op.describe())
+            results, why = _send_batch(nl, msgs)
+            t_ack = time.monotonic_ns()
+            for k, res in zip(batch, results):
+                r = ops[k].route
+                if res is None:
+                    failed[k] = why
+                elif res:
+                    failed[k] = NetlinkNackError(res, os.strerror(res))
+                elif kind == "replace":
+                    replaced += 1
+                    have[r.key] = r
+                    t_last = t_ack
+                else:
+                    deleted += 1
+                    have.pop(r.key, None)
+        for k, op in enumerate(ops):
+            if k in failed:
+                errors.append(f"{op.op} {op.route.dst}: {failed[k]}")
+                log.error("route %s failed: %s", op.describe(), failed[k])
             else:
-                deleted += 1
-                have.pop(r.key, None)
                 log.info("route %s", op.describe())
         return replaced, deleted, t_last
-
-    @staticmethod
-    def _route_failed(op, err, errors: list[str]) -> None:
-        errors.append(f"{op.op} {op.route.dst}: {err}")
-        log.error("route %s failed: %s", op.describe(), err)
 
     async def reconcile(self, plan: ApplyRoutes, full: bool = False) -> RoutesApplied:
         """One pass: diff against the kernel, apply replacements first, then deletions.
@@ -498,10 +523,12 @@ class RouteActuator:
 
     def _apply_nh_batch(self, nl: NexthopSocket, ops: list[NhOp], errors: list[str], done: list[NhOp]) -> tuple[int, int | None]:
         """Adds and replaces (``add-nexthop``, ``replace-group``, ``replace-route``) in one
-        datagram; returns (how many went in, monotonic ns of their ACKs or None)."""
-        batch: list[NhOp] = []
+        datagram; returns (how many went in, monotonic ns of their ACK or None).  Errors and
+        log lines come in the order of ``ops``."""
+        batch: list[int] = []
         msgs: list[bytes] = []
-        for op in ops:
+        failed: dict[int, object] = {}
+        for k, op in enumerate(ops):
             try:
                 if op.op == "replace-route":
                     assert op.route is not None and op.nhid is not None
@@ -510,29 +537,29 @@ class RouteActuator:
                     assert op.obj is not None
                     idx = {op.obj.netdev: self._idx[op.obj.netdev]} if op.obj.netdev else {}
                     msgs.append(nexthop_request(op.obj, idx, 0))
-            except (KeyError, ValueError) as e:
-                errors.append(f"{op.describe()}: {e}")
-                log.error("nexthop %s failed: %s", op.describe(), e)
+            except _BUILD_ERRORS as e:
+                failed[k] = _build_error(e)
                 continue
-            batch.append(op)
-        try:
-            results = nl.request_many(msgs)
-        except OSError as e:
-            for op in batch:
-                errors.append(f"{op.describe()}: {e}")
-                log.error("nexthop %s failed: %s", op.describe(), e)
-            return 0, None
-        t_ack = time.monotonic_ns()
+            batch.append(k)
         n = 0
-        for op, err in zip(batch, results):
-            if err:
-                e = NetlinkNackError(err, os.strerror(err))
-                errors.append(f"{op.describe()}: {e}")
-                log.error("nexthop %s failed: %s", op.describe(), e)
-                continue
-            n += 1
-            done.append(op)
-            log.info("nexthop %s", op.describe())
+        t_ack = None
+        if batch:
+            results, why = _send_batch(nl, msgs)
+            t_ack = time.monotonic_ns()
+            for k, res in zip(batch, results):
+                if res is None:
+                    failed[k] = why
+                elif res:
+                    failed[k] = NetlinkNackError(res, os.strerror(res))
+                else:
+                    n += 1
+        for k, op in enumerate(ops):
+            if k in failed:
+                errors.append(f"{op.describe()}: {failed[k]}")
+                log.error("nexthop %s failed: %s", op.describe(), failed[k])
+            else:
+                done.append(op)
+                log.info("nexthop %s", op.describe())
         return n, (t_ack if n else None)
 
     async def _reconcile_nh(self, plan: ApplyRoutes, full: bool, settings: RouteSettings) -> RoutesApplied:

@@ -61,6 +61,7 @@ ACTUATOR = textwrap.dedent("""
             gen += 1
             routes = tuple(RouteSpec(dst(i), tuple(sorted(NH[k] for k in rails)), "198.19.238.1", 254, 0, 201)
                            for i, rails in enumerate(c["rails"]))
+            routes += tuple(RouteSpec(d, (NH[1],), "198.19.238.1", 254, 0, 201) for d in c.get("extra", ()))
             r = await a.reconcile(ApplyRoutes(gen, routes))
             print(json.dumps({"replaced": r.replaced, "deleted": r.deleted, "errors": list(r.errors)}), flush=True)
     asyncio.run(main())
@@ -116,8 +117,8 @@ def test_the_actuator_reports_exactly_the_refused_destinations_of_a_big_plan(pai
     child = subprocess.Popen(["ip", "netns", "exec", pair, sys.executable, "-c", ACTUATOR, "1" if objects else "0"],
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT)
 
-    def plan(rails: list[list[int]]) -> dict:
-        child.stdin.write(json.dumps({"rails": rails}) + "\n")
+    def plan(rails: list[list[int]], extra: tuple[str, ...] = ()) -> dict:
+        child.stdin.write(json.dumps({"rails": rails, "extra": list(extra)}) + "\n")
         child.stdin.flush()
         line = child.stdout.readline()
         assert line, "the actuator child died"
@@ -140,6 +141,10 @@ def test_the_actuator_reports_exactly_the_refused_destinations_of_a_big_plan(pai
         r = plan([[1]] * n)
         assert r["errors"] == []
         assert our_routes(pair) == {dst(i): ["r1"] for i in range(n)}
+        # a destination no request can carry (an address inet_aton refuses) fails alone
+        r = plan([[0, 1]] * n, extra=("198.19.256.1/32",))
+        assert len(r["errors"]) == 1 and "198.19.256.1" in r["errors"][0], r["errors"]
+        assert our_routes(pair) == {dst(i): ["r0", "r1"] for i in range(n)}
     finally:
         child.stdin.close()
         child.wait(10)

@@ -10,6 +10,7 @@ decoded again, so nested attributes such as RTA_MULTIPATH are message objects as
 
 from __future__ import annotations
 
+import errno
 import importlib
 import json
 import struct
@@ -224,32 +225,41 @@ def test_neighbour_purge_picks_dynamic_entries_of_that_netdev_only():
 
 
 class _FakeNetlink:
-    """Stands in for the NETLINK_ROUTE socket: records what is sent, answers each request of a
-    datagram with an ACK, or a NACK for the dsts in ``refuse``, after ``stale`` (answers to
-    earlier, timed-out requests) and messages that are not answers."""
+    """Stands in for the NETLINK_ROUTE socket as rtnetlink behaves (netlink_rcv_skb): each
+    datagram's requests are handled in order; a refused one (index over all requests in
+    ``refuse`` -> errno) is answered with a NACK, a done one with an ACK only if it asked for
+    one.  ``stale`` (answers to an earlier, failed batch) and a message that is no answer come
+    first.  ``fail_recv``: the n-th recv raises ENOBUFS (answers still queued stay)."""
 
-    def __init__(self, refuse: dict[int, int] | None = None, stale: bytes = b""):
+    def __init__(self, refuse: dict[int, int] | None = None, stale: bytes = b"", fail_recv: int | None = None):
         self.sent: list[bytes] = []
-        self.refuse = refuse or {}  # index of the request over all datagrams -> errno
+        self.refuse = refuse or {}
         self.queue: list[bytes] = []
         self.stale = stale
+        self.fail_recv = fail_recv
+        self.recvs = 0
         self.n = 0
 
     def send(self, data: bytes) -> int:
         self.sent.append(bytes(data))
-        answers = [self.stale]
-        self.stale = b""
+        if self.stale:
+            self.queue.append(self.stale)
+            self.stale = b""
+        self.queue.append(struct.pack("=IHHII", 16, 99, 0, 0, 0))  # not an answer: ignored
         for m in nhlink.parse_messages(bytes(data)):
             hdr = struct.pack("=IHHII", 16 + len(m.body), 24, m.flags, m.seq, 0)
-            assert m.flags & nhlink.NLM_F_ACK
-            err = -self.refuse.get(self.n, 0)
+            err = self.refuse.get(self.n, 0)
             self.n += 1
-            answers.append(struct.pack("=IHHII", 16 + 4 + 16, nhlink.NLMSG_ERROR, 0, m.seq, 0) + struct.pack("=i", err) + hdr)
-            answers.append(struct.pack("=IHHII", 16, 99, 0, m.seq, 0))  # not an answer: ignored
-        self.queue.append(b"".join(answers))
+            if err or m.flags & nhlink.NLM_F_ACK:
+                self.queue.append(struct.pack("=IHHII", 16 + 4 + 16, nhlink.NLMSG_ERROR, 0, m.seq, 0) + struct.pack("=i", -err) + hdr)
         return len(data)
 
-    def recv(self, n: int) -> bytes:
+    def recv(self, n: int, flags: int = 0) -> bytes:
+        self.recvs += 1
+        if self.recvs == self.fail_recv:
+            raise OSError(errno.ENOBUFS, "No buffer space available")
+        if not self.queue:
+            raise BlockingIOError(errno.EAGAIN, "empty") if flags else TimeoutError("timed out")
         return self.queue.pop(0)
 
     def close(self) -> None:
@@ -269,15 +279,45 @@ def test_request_many_answers_each_request_in_order_and_splits_big_batches():
     errnos = nl.request_many([_request(i) for i in range(300)])
     assert [(i, e) for i, e in enumerate(errnos) if e] == [(5, 19), (200, 101)]
     assert [len(list(nhlink.parse_messages(d))) for d in fake.sent] == [nhlink.BATCH_MAX, nhlink.BATCH_MAX, 300 - 2 * nhlink.BATCH_MAX]
-    seqs = [m.seq for d in fake.sent for m in nhlink.parse_messages(d)]
-    assert len(set(seqs)) == 300  # every request its own seq (ACKs are matched by it)
+    msgs = [m for d in fake.sent for m in nhlink.parse_messages(d)]
+    assert len({m.seq for m in msgs}) == 300  # every request its own seq (answers are matched by it)
+    # only the last request of a datagram asks for an ACK: the kernel NACKs a refused one anyway
+    last = {nhlink.BATCH_MAX - 1, 2 * nhlink.BATCH_MAX - 1, 299}
+    assert [i for i, m in enumerate(msgs) if m.flags & nhlink.NLM_F_ACK] == sorted(last)
+    assert fake.queue == []  # every answer read
+
+
+def test_a_socket_failure_mid_batch_says_what_is_known_and_leaves_the_socket_clean():
+    nl = nhlink.NexthopSocket()
+    nl.sock.close()
+    # 3 datagrams; the recv after the first datagram's answers fails: the first datagram is
+    # known (one refusal), the other two unknown; the answers still queued are dropped
+    nl.sock = fake = _FakeNetlink(refuse={3: 22}, fail_recv=4)
+    with pytest.raises(nhlink.NetlinkBatchError) as e:
+        nl.request_many([_request(i) for i in range(300)])
+    assert isinstance(e.value, OSError) and e.value.errno == errno.ENOBUFS and "172 of 300 requests unconfirmed" in str(e.value)
+    r = e.value.results
+    assert r[:nhlink.BATCH_MAX] == [0, 0, 0, 22] + [0] * (nhlink.BATCH_MAX - 4) and r[nhlink.BATCH_MAX:] == [None] * 172
+    assert fake.queue == [] and len(fake.sent) == 2
+    fake.fail_recv = None
+    assert nl.request_many([_request(1)]) == [0]  # the next request is not confused by old answers
+
+
+def test_a_datagram_holds_at_most_batch_bytes():
+    nl = nhlink.NexthopSocket()
+    nl.sock.close()
+    nl.sock = fake = _FakeNetlink()
+    big = [_request(i) + bytes(4000) for i in range(20)]  # padded: about 4 KiB a request
+    big = [struct.pack("=I", len(m)) + m[4:] for m in big]
+    assert nl.request_many(big) == [0] * 20
+    assert all(len(d) <= nhlink.BATCH_BYTES for d in fake.sent) and len(fake.sent) == 3
 
 
 def test_request_many_asks_for_every_ack_and_refuses_a_runt():
     nl = nhlink.NexthopSocket()
     nl.sock.close()
     nl.sock = fake = _FakeNetlink()
-    assert nl.request_many([_request(1, flags=nhlink.NLM_F_REQUEST)]) == [0]  # the fake asserts NLM_F_ACK
+    assert nl.request_many([_request(1, flags=nhlink.NLM_F_REQUEST)]) == [0]  # without the flag set here: a timeout
     with pytest.raises(ValueError, match="request 1 is 8 bytes"):
         nl.request_many([_request(1), b"\0" * 8])
     assert len(fake.sent) == 1  # nothing of the refused call was sent
