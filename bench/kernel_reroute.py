@@ -285,8 +285,12 @@ def main() -> int:
     ap.add_argument("--skip-stall", action="store_true")
     ap.add_argument("--json")
     args = ap.parse_args()
-    if args.plans < 4 or args.peers < 1 or args.cuts < 0:
-        print("kernel_reroute: --plans must be >= 4 (plans alternate in pairs), --peers >= 1, --cuts >= 0", file=sys.stderr)
+    if args.plans < 4 or not 1 <= args.peers <= 3750 or args.cuts < 0:
+        # peers are 198.19.241.1 .. 198.19.255.250: 15 x 250 addresses
+        print("kernel_reroute: --plans must be >= 4 (plans alternate in pairs), --peers 1..3750, --cuts >= 0", file=sys.stderr)
+        return 2
+    if args.json and Path(args.json).is_dir():
+        print(f"kernel_reroute: --json {args.json}: a directory", file=sys.stderr)
         return 2
     if os.geteuid() != 0:
         print("kernel_reroute: must run as root (network namespaces)", file=sys.stderr)

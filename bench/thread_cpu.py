@@ -83,18 +83,20 @@ def main() -> int:
     if not math.isfinite(args.window_s) or args.window_s <= 0:
         print("thread_cpu: --window-s must be a number > 0", file=sys.stderr)
         return 2
-    if args.json:  # checked before the window, not after it
-        try:
-            if Path(args.json).is_dir():
-                raise IsADirectoryError("a directory")
-            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            print(f"thread_cpu: --json {args.json}: {e.strerror or e}", file=sys.stderr)
-            return 2
+    if args.json and Path(args.json).is_dir():
+        print(f"thread_cpu: --json {args.json}: a directory", file=sys.stderr)
+        return 2
     found = daemons()
     if not found:
         print("thread_cpu: no running `linkpass ... run --config FILE` found", file=sys.stderr)
         return 1
+    if args.json:  # made and tried before the window, not after it
+        try:
+            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.json).touch()
+        except OSError as e:
+            print(f"thread_cpu: --json {args.json}: {e.strerror or e}", file=sys.stderr)
+            return 2
     hz = os.sysconf("SC_CLK_TCK")
     before = {pid: threads(pid) for pid, _ in found}
     t0 = time.monotonic()

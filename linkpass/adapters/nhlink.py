@@ -73,7 +73,8 @@ class NetlinkBatchError(OSError):
 
     def __init__(self, cause: OSError, results: list[int | None]):
         unknown = sum(1 for r in results if r is None)
-        super().__init__(cause.errno, f"{cause.strerror or str(cause) or type(cause).__name__} "
+        code = cause.errno if cause.errno is not None or not isinstance(cause, TimeoutError) else _errno.ETIMEDOUT
+        super().__init__(code, f"{cause.strerror or str(cause) or type(cause).__name__} "
                                       f"({unknown} of {len(results)} requests unconfirmed)")
         self.results = results
 
@@ -328,7 +329,7 @@ class NexthopSocket:
         ``sendmsg`` and a ``recv`` each.
 
         Raises:
-            ValueError: a message shorter than a netlink header (nothing was sent).
+            ValueError: a message whose header's length is not its length (nothing was sent).
             NetlinkBatchError: the socket failed (``socket.timeout`` after 5 s without the
                 answer, ENOBUFS: answers lost to a full receive buffer, a refused ``sendmsg``);
                 its ``results`` say which requests are known done or refused, the others may
@@ -336,8 +337,8 @@ class NexthopSocket:
                 the next request starts clean.
         """
         for i, m in enumerate(messages):
-            if len(m) < _NLMSGHDR.size:
-                raise ValueError(f"netlink request {i} is {len(m)} bytes, shorter than its header")
+            if len(m) < _NLMSGHDR.size or _NLMSGHDR.unpack_from(m)[0] != len(m):
+                raise ValueError(f"netlink request {i} is {len(m)} bytes, and its header does not say so")
         out: list[int | None] = [None] * len(messages)
         start = 0
         while start < len(messages):
@@ -368,7 +369,7 @@ class NexthopSocket:
                             out[j] = nack_errno(m)
                             answered = answered or m.seq == last_seq
             except OSError as e:
-                self._drain()
+                self._drain(seq_of, out)
                 raise NetlinkBatchError(e, out) from e
             for j in seq_of.values():
                 if out[j] is None:
@@ -376,14 +377,25 @@ class NexthopSocket:
             start = i
         return out  # type: ignore[return-value]  # every entry is set once its datagram was answered
 
-    def _drain(self) -> None:
+    def _drain(self, seq_of: Mapping[int, int], out: list[int | None]) -> None:
         """Read and drop whatever the socket holds (answers a failed batch left behind; after
-        ENOBUFS the kernel drops every new answer until the queue is empty)."""
+        ENOBUFS the kernel drops every new answer until the queue is empty), keeping the NACKs
+        of this batch's requests (``seq_of``: seq -> index into ``out``).  A request without a
+        NACK here is left unknown: a NACK can be lost without the socket being marked."""
+        timeout = self.sock.gettimeout()
+        self.sock.settimeout(0)  # with a timeout, Python waits for data before each recv
         try:
             while True:
-                self.sock.recv(65536, socket.MSG_DONTWAIT)
+                for m in parse_messages(self.sock.recv(65536)):
+                    j = seq_of.get(m.seq) if m.type == NLMSG_ERROR else None
+                    if j is not None:
+                        e = nack_errno(m)
+                        if e:
+                            out[j] = e
         except OSError:
             pass  # empty (EAGAIN), or the socket itself failed: the next request finds out
+        finally:
+            self.sock.settimeout(timeout)
 
     def dump(self, build) -> list[NlMsg]:
         """Send the dump request ``build(seq)``; the messages up to NLMSG_DONE."""

@@ -254,12 +254,20 @@ class _FakeNetlink:
                 self.queue.append(struct.pack("=IHHII", 16 + 4 + 16, nhlink.NLMSG_ERROR, 0, m.seq, 0) + struct.pack("=i", -err) + hdr)
         return len(data)
 
+    timeout: float | None = 5.0
+
+    def gettimeout(self) -> float | None:
+        return self.timeout
+
+    def settimeout(self, t: float | None) -> None:
+        self.timeout = t
+
     def recv(self, n: int, flags: int = 0) -> bytes:
         self.recvs += 1
         if self.recvs == self.fail_recv:
             raise OSError(errno.ENOBUFS, "No buffer space available")
-        if not self.queue:
-            raise BlockingIOError(errno.EAGAIN, "empty") if flags else TimeoutError("timed out")
+        if not self.queue:  # what a real socket does with nothing queued
+            raise BlockingIOError(errno.EAGAIN, "empty") if self.timeout == 0 else TimeoutError("timed out")
         return self.queue.pop(0)
 
     def close(self) -> None:
@@ -298,9 +306,45 @@ def test_a_socket_failure_mid_batch_says_what_is_known_and_leaves_the_socket_cle
     assert isinstance(e.value, OSError) and e.value.errno == errno.ENOBUFS and "172 of 300 requests unconfirmed" in str(e.value)
     r = e.value.results
     assert r[:nhlink.BATCH_MAX] == [0, 0, 0, 22] + [0] * (nhlink.BATCH_MAX - 4) and r[nhlink.BATCH_MAX:] == [None] * 172
-    assert fake.queue == [] and len(fake.sent) == 2
+    assert fake.queue == [] and len(fake.sent) == 2 and fake.timeout == 5.0
     fake.fail_recv = None
     assert nl.request_many([_request(1)]) == [0]  # the next request is not confused by old answers
+
+
+def test_the_drain_after_a_failure_keeps_the_nacks_it_finds():
+    nl = nhlink.NexthopSocket()
+    nl.sock.close()
+    # the first recv fails (ENOBUFS is reported before the queued answers): the NACK of request
+    # 2 is still in the queue and is kept; the others stay unknown (a NACK can be lost)
+    nl.sock = _FakeNetlink(refuse={2: 101}, fail_recv=1)
+    with pytest.raises(nhlink.NetlinkBatchError) as e:
+        nl.request_many([_request(i) for i in range(5)])
+    assert e.value.results == [None, None, 101, None, None] and "4 of 5 requests unconfirmed" in str(e.value)
+
+
+def test_the_drain_never_waits_on_a_real_socket():
+    class Watch:  # the real socket, noting its timeout at each recv
+        def __init__(self, s):
+            self.s, self.seen = s, []
+
+        def recv(self, n, flags=0):
+            self.seen.append(self.s.gettimeout())
+            return self.s.recv(n, flags)
+
+        def __getattr__(self, name):
+            return getattr(self.s, name)
+
+    nl = nhlink.NexthopSocket()
+    nl.sock = w = Watch(nl.sock)
+    nl.sock.settimeout(2.0)  # a drain that waited would wait this long, then fail the check
+    nl._drain({}, [])  # nothing queued: one recv, which must not wait for data
+    assert w.seen == [0.0] and nl.sock.gettimeout() == 2.0
+    nl.close()
+
+
+def test_a_timeout_is_etimedout():
+    e = nhlink.NetlinkBatchError(TimeoutError("timed out"), [None, 0])
+    assert e.errno == errno.ETIMEDOUT and str(e) == "[Errno 110] timed out (1 of 2 requests unconfirmed)"
 
 
 def test_a_datagram_holds_at_most_batch_bytes():
@@ -313,14 +357,16 @@ def test_a_datagram_holds_at_most_batch_bytes():
     assert all(len(d) <= nhlink.BATCH_BYTES for d in fake.sent) and len(fake.sent) == 3
 
 
-def test_request_many_asks_for_every_ack_and_refuses_a_runt():
+def test_request_many_sets_the_ack_it_needs_and_refuses_a_bad_length():
     nl = nhlink.NexthopSocket()
     nl.sock.close()
     nl.sock = fake = _FakeNetlink()
     assert nl.request_many([_request(1, flags=nhlink.NLM_F_REQUEST)]) == [0]  # without the flag set here: a timeout
     with pytest.raises(ValueError, match="request 1 is 8 bytes"):
         nl.request_many([_request(1), b"\0" * 8])
-    assert len(fake.sent) == 1  # nothing of the refused call was sent
+    with pytest.raises(ValueError, match="request 0 is 40 bytes"):
+        nl.request_many([_request(1) + bytes(4)])  # its header says 36
+    assert len(fake.sent) == 1  # nothing of the refused calls was sent
 
 
 def test_request_raises_the_nack():
