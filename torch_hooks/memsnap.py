@@ -6,8 +6,9 @@ Why: a rank of a sharded job (FSDP2) holds the only copy of its shard.  When its
 warm spare cannot take a replica's state (there is none, :mod:`torch_hooks.handover`); without a
 copy the job restarts from the last disk checkpoint.  With ``LINKPASS_SNAPSHOT_IN_MEMORY=1``
 (``linkpass exec --snapshot-in-memory``, ``[snapshot] in_memory = true``) the job instead goes
-back to the last in-memory snapshot and redoes the steps since then (at most
-``LINKPASS_SNAPSHOT_MEMORY_EVERY`` steps, plus the one in progress).
+back to the last in-memory snapshot whose copies are all held and redoes the steps since then
+(at most ``LINKPASS_SNAPSHOT_MEMORY_EVERY`` steps plus the one in progress, or twice the interval
+when the newest snapshot's copy to its holder was still in flight).
 
 **Taking one** (:meth:`MemorySnapshots.on_boundary`, the training thread, at every step boundary
 whose step is a multiple of the interval): the rank's model and optimizer state (its local

@@ -96,8 +96,11 @@ def test_a_sharded_rank_on_a_failed_gpu_goes_to_a_spare_from_its_peers_in_memory
     assert r["steps_lost"] == 0 and r["weights_match_reference"] is True, json.dumps(r["per_rank"])[:3000]
     assert r["recovery"] == "rollback to the in-memory snapshot"
     assert r["rollback_step"] % 10 == 0 and r["rollback_step"] > 0
-    # the failed rank was at most 10 steps past the snapshot, its survivors at most one more
-    assert 0 <= r["steps_redone"] <= 11
+    # the rollback goes to the newest snapshot whose every part is held by its peer; the copy to
+    # the holder is a background thread, so on a loaded machine the newest snapshot (taken up to
+    # 10 steps ago) may still be in flight and the one before it is used: at most 2 intervals,
+    # plus the step the survivors were in (torch_hooks/memsnap.py, "Using one")
+    assert 0 <= r["steps_redone"] <= 21
     for rank, pr in r["per_rank"].items():
         # first the rollback; an in-process rebuild after it is a rail alarm of the loaded machine's probes
         assert pr["recoveries"] and all(e["event"] == "rebuilt" for e in pr["recoveries"][1:]), pr
