@@ -73,13 +73,38 @@ def _build_error(e: Exception) -> str:
     return f"cannot encode the request: {e}"
 
 
-def _send_batch(nl: NexthopSocket, msgs: list[bytes]) -> tuple[list[int | None], str]:
-    """``nl.request_many(msgs)``; on a socket failure the per-request results it knows (None:
-    unknown, maybe done) and why, for the ops it could not confirm."""
+def _send_ops(nl: NexthopSocket, ops: list, build: Callable[[object], bytes]) -> tuple[list[int], dict[int, object], int | None]:
+    """Build each op's request (``build(op)``) and send them all in one ``nl.request_many``.
+    Returns (indexes into ``ops`` done, index -> why it failed, monotonic ns of the answer or
+    None when nothing was sent).  An op whose request cannot be built fails alone; on a socket
+    failure the ops it could not confirm fail (they may or may not have been done)."""
+    batch: list[int] = []
+    msgs: list[bytes] = []
+    failed: dict[int, object] = {}
+    for k, op in enumerate(ops):
+        try:
+            msgs.append(build(op))
+        except _BUILD_ERRORS as e:
+            failed[k] = _build_error(e)
+            continue
+        batch.append(k)
+    done: list[int] = []
+    if not batch:
+        return done, failed, None
     try:
-        return list(nl.request_many(msgs)), ""
+        results: list[int | None] = list(nl.request_many(msgs))
+        why = ""
     except NetlinkBatchError as e:
-        return e.results, f"not confirmed: {e}"
+        results, why = e.results, f"not confirmed: {e}"
+    t_ack = time.monotonic_ns()
+    for k, res in zip(batch, results):
+        if res is None:
+            failed[k] = why
+        elif res:
+            failed[k] = NetlinkNackError(res, os.strerror(res))
+        else:
+            done.append(k)
+    return done, failed, t_ack
 
 
 def route_from_msg(msg, names: Mapping[int, str]) -> RouteSpec | None:
@@ -334,28 +359,13 @@ class RouteActuator:
         nl = self._nlsock()
         failed: dict[int, object] = {}  # op index -> why
         for kind in ("replace", "delete"):
-            batch: list[int] = []
-            msgs: list[bytes] = []
-            for k, op in enumerate(ops):
-                if (op.op == "replace") != (kind == "replace"):
-                    continue
-                try:
-                    msgs.append(inline_route_request(op.route, idx, 0) if kind == "replace" else route_delete_request(op.route, 0))
-                except _BUILD_ERRORS as e:
-                    failed[k] = _build_error(e)
-                    continue
-                batch.append(k)
-            if not batch:
-                continue
-            results, why = _send_batch(nl, msgs)
-            t_ack = time.monotonic_ns()
-            for k, res in zip(batch, results):
-                r = ops[k].route
-                if res is None:
-                    failed[k] = why
-                elif res:
-                    failed[k] = NetlinkNackError(res, os.strerror(res))
-                elif kind == "replace":
+            picked = [k for k, op in enumerate(ops) if (op.op == "replace") == (kind == "replace")]
+            build = (lambda op: inline_route_request(op.route, idx, 0)) if kind == "replace" else (lambda op: route_delete_request(op.route, 0))
+            done, why, t_ack = _send_ops(nl, [ops[k] for k in picked], build)
+            failed.update((picked[k], w) for k, w in why.items())
+            for k in done:
+                r = ops[picked[k]].route
+                if kind == "replace":
                     replaced += 1
                     have[r.key] = r
                     t_last = t_ack
@@ -525,34 +535,15 @@ class RouteActuator:
         """Adds and replaces (``add-nexthop``, ``replace-group``, ``replace-route``) in one
         datagram; returns (how many went in, monotonic ns of their ACK or None).  Errors and
         log lines come in the order of ``ops``."""
-        batch: list[int] = []
-        msgs: list[bytes] = []
-        failed: dict[int, object] = {}
-        for k, op in enumerate(ops):
-            try:
-                if op.op == "replace-route":
-                    assert op.route is not None and op.nhid is not None
-                    msgs.append(route_request(op.route, op.nhid, 0))
-                else:
-                    assert op.obj is not None
-                    idx = {op.obj.netdev: self._idx[op.obj.netdev]} if op.obj.netdev else {}
-                    msgs.append(nexthop_request(op.obj, idx, 0))
-            except _BUILD_ERRORS as e:
-                failed[k] = _build_error(e)
-                continue
-            batch.append(k)
-        n = 0
-        t_ack = None
-        if batch:
-            results, why = _send_batch(nl, msgs)
-            t_ack = time.monotonic_ns()
-            for k, res in zip(batch, results):
-                if res is None:
-                    failed[k] = why
-                elif res:
-                    failed[k] = NetlinkNackError(res, os.strerror(res))
-                else:
-                    n += 1
+        def build(op: NhOp) -> bytes:
+            if op.op == "replace-route":
+                assert op.route is not None and op.nhid is not None
+                return route_request(op.route, op.nhid, 0)
+            assert op.obj is not None
+            return nexthop_request(op.obj, {op.obj.netdev: self._idx[op.obj.netdev]} if op.obj.netdev else {}, 0)
+
+        ok, failed, t_ack = _send_ops(nl, ops, build)
+        n = len(ok)
         for k, op in enumerate(ops):
             if k in failed:
                 errors.append(f"{op.describe()}: {failed[k]}")
