@@ -73,6 +73,33 @@ def _build_error(e: Exception) -> str:
     return f"cannot encode the request: {e}"
 
 
+#: a pass logs this many of its route and nexthop changes one by one at INFO; the rest at DEBUG,
+#: with one INFO line saying how many (a reroute of thousands of destinations would otherwise
+#: write thousands of lines, and format them in the engine's turn)
+LOG_EACH = 16
+
+
+class _ChangeLog:
+    """The INFO lines of one pass's changes: the first :data:`LOG_EACH` one by one, the rest
+    counted (and at DEBUG when that is on); :meth:`close` writes the count."""
+
+    def __init__(self, what: str) -> None:
+        self.what, self.n = what, 0
+
+    def done(self, op) -> None:
+        self.n += 1
+        if self.n <= LOG_EACH:
+            log.info("%s %s", self.what, op.describe())
+        elif log.isEnabledFor(logging.DEBUG):
+            log.debug("%s %s", self.what, op.describe())
+
+    def close(self) -> None:
+        if self.n > LOG_EACH:
+            log.info("%s: %d more change%s in this pass (listed at DEBUG)", self.what, self.n - LOG_EACH,
+                     "" if self.n - LOG_EACH == 1 else "s")
+        self.n = 0
+
+
 def _send_ops(nl: NexthopSocket, ops: list, build: Callable[[object], bytes]) -> tuple[list[int], dict[int, object], int | None]:
     """Build each op's request (``build(op)``) and send them all in one ``nl.request_many``.
     Returns (indexes into ``ops`` done, index -> why it failed, monotonic ns of the answer or
@@ -372,12 +399,14 @@ class RouteActuator:
                 else:
                     deleted += 1
                     have.pop(r.key, None)
+        changes = _ChangeLog("route")
         for k, op in enumerate(ops):
             if k in failed:
                 errors.append(f"{op.op} {op.route.dst}: {failed[k]}")
                 log.error("route %s failed: %s", op.describe(), failed[k])
             else:
-                log.info("route %s", op.describe())
+                changes.done(op)
+        changes.close()
         return replaced, deleted, t_last
 
     async def reconcile(self, plan: ApplyRoutes, full: bool = False) -> RoutesApplied:
@@ -495,6 +524,7 @@ class RouteActuator:
         replaced = deleted = 0
         t_last = None
         done: list[NhOp] = []
+        changes = _ChangeLog("nexthop")
         i = 0
         while i < len(ops):
             if not ops[i].op.startswith("delete"):
@@ -503,7 +533,7 @@ class RouteActuator:
                 j = i
                 while j < len(ops) and not ops[j].op.startswith("delete"):
                     j += 1
-                n, t = self._apply_nh_batch(nl, ops[i:j], errors, done)
+                n, t = self._apply_nh_batch(nl, ops[i:j], errors, done, changes)
                 replaced += n
                 t_last = t if t is not None else t_last
                 i = j
@@ -525,16 +555,18 @@ class RouteActuator:
                         raise
                 deleted += 1
                 done.append(op)
-                log.info("nexthop %s", op.describe())
+                changes.done(op)
             except (NetlinkError, OSError, KeyError, ValueError) as e:
                 errors.append(f"{op.describe()}: {e}")
                 log.error("nexthop %s failed: %s", op.describe(), e)
+        changes.close()
         return (replaced, deleted, t_last), done
 
-    def _apply_nh_batch(self, nl: NexthopSocket, ops: list[NhOp], errors: list[str], done: list[NhOp]) -> tuple[int, int | None]:
+    def _apply_nh_batch(self, nl: NexthopSocket, ops: list[NhOp], errors: list[str], done: list[NhOp],
+                        changes: _ChangeLog) -> tuple[int, int | None]:
         """Adds and replaces (``add-nexthop``, ``replace-group``, ``replace-route``) in one
         datagram; returns (how many went in, monotonic ns of their ACK or None).  Errors and
-        log lines come in the order of ``ops``."""
+        log lines (``changes``) come in the order of ``ops``."""
         def build(op: NhOp) -> bytes:
             if op.op == "replace-route":
                 assert op.route is not None and op.nhid is not None
@@ -550,7 +582,7 @@ class RouteActuator:
                 log.error("nexthop %s failed: %s", op.describe(), failed[k])
             else:
                 done.append(op)
-                log.info("nexthop %s", op.describe())
+                changes.done(op)
         return n, (t_ack if n else None)
 
     async def _reconcile_nh(self, plan: ApplyRoutes, full: bool, settings: RouteSettings) -> RoutesApplied:

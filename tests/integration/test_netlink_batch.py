@@ -48,8 +48,13 @@ RAW = textwrap.dedent("""
 """)
 
 ACTUATOR = textwrap.dedent("""
-    import asyncio, json, sys
+    import asyncio, json, logging, sys
     from linkpass.adapters.routes import RouteActuator, RouteSettings
+    lines = []
+    class Keep(logging.Handler):
+        def emit(self, rec): lines.append([rec.levelname, rec.getMessage()])
+    logging.getLogger("linkpass.routes").addHandler(Keep())
+    logging.getLogger("linkpass.routes").setLevel(logging.INFO)
     from linkpass.core.model import ApplyRoutes, Nexthop, RouteSpec
     NH = {0: Nexthop("198.18.238.2", "r0", 0), 1: Nexthop("198.18.239.2", "r1", 1), 9: Nexthop("198.18.250.2", "r0", 0)}
     def dst(i): return f"198.19.{100 + i // 250}.{1 + i % 250}/32"
@@ -62,8 +67,9 @@ ACTUATOR = textwrap.dedent("""
             routes = tuple(RouteSpec(dst(i), tuple(sorted(NH[k] for k in rails)), "198.19.238.1", 254, 0, 201)
                            for i, rails in enumerate(c["rails"]))
             routes += tuple(RouteSpec(d, (NH[1],), "198.19.238.1", 254, 0, 201) for d in c.get("extra", ()))
+            lines.clear()
             r = await a.reconcile(ApplyRoutes(gen, routes))
-            print(json.dumps({"replaced": r.replaced, "deleted": r.deleted, "errors": list(r.errors)}), flush=True)
+            print(json.dumps({"replaced": r.replaced, "deleted": r.deleted, "errors": list(r.errors), "log": lines}), flush=True)
     asyncio.run(main())
 """)
 
@@ -128,12 +134,17 @@ def test_the_actuator_reports_exactly_the_refused_destinations_of_a_big_plan(pai
         r = plan([[0, 1]] * n)
         assert r["errors"] == [] and r["replaced"] >= n
         assert our_routes(pair) == {dst(i): ["r0", "r1"] for i in range(n)}
+        # a big plan logs its first LOG_EACH (16) changes and how many more, not one line each
+        info = [m for lvl, m in r["log"] if lvl == "INFO"]
+        assert len(info) == 17 and info[-1].endswith(f"{r['replaced'] - 16} more changes in this pass (listed at DEBUG)"), info
         # rail 0 out for everyone, and destination 7 onto a gateway the kernel refuses
         r = plan([[9] if i == 7 else [1] for i in range(n)])
         if objects:  # the refused leaf, and the one group that was to use it
             assert len(r["errors"]) == 2 and "198.18.250.2" in r["errors"][0], r["errors"]
         else:
             assert len(r["errors"]) == 1 and dst(7) in r["errors"][0], r["errors"]
+        logged = [m for lvl, m in r["log"] if lvl == "ERROR"]
+        assert all(any(e.split(":")[0] in m for m in logged) for e in r["errors"]), r["log"]  # every failure logged
         want = {dst(i): ["r1"] for i in range(n)}
         want[dst(7)] = ["r0", "r1"]  # refused: left as it was
         assert our_routes(pair) == want
