@@ -163,7 +163,10 @@ class Controller:
             after a rebuild for timings).
         on_latched: ``fn(reason, decision) -> None`` when a latched group cannot move (the
             hand-over to a spare); default: exit :data:`EXIT_MIGRATE`.
-        exit_fn: the one exit path (code, reason): report, flush, exit.
+        exit_fn: the one exit path (code, reason): report, flush, exit.  :attr:`exit_fn` first
+            marks this rank as gone in the job's store (:meth:`mark_left`), so the other ranks,
+            waiting for it in a rebuild, stop at once with the reason instead of at the
+            rebuild timeout.
     """
 
     def __init__(self, settings: Settings, tracker: Any, *, on_latched: Callable[[str, agreement.Decision], None] | None = None,
@@ -175,7 +178,7 @@ class Controller:
         self.rail = settings.rail
         self.events: list[dict] = []
         self.on_latched = on_latched
-        self.exit_fn = exit_fn or _default_exit
+        self._exit = exit_fn or _default_exit
         self.client: DaemonClient | None = None
         self._kv = None       # this thread's store client
         self._kv_wait = None  # the controller thread's (blocked in wait)
@@ -434,14 +437,23 @@ class Controller:
                 raise RuntimeError(f"ranks {missing} did not join rebuild epoch {e} within {self.s.rebuild_timeout_s:.0f} s")
             time.sleep(POLL_S)
 
+    def exit_fn(self, code: int, reason: str) -> None:
+        """Leave the job for good with ``code`` and ``reason`` (the one exit path of a rank that
+        gives up: no spare, a failed rebuild or join): :meth:`mark_left`, then the exit function
+        given to the constructor (report, flush, ``os._exit``)."""
+        self.mark_left()
+        self._exit(code, reason)
+
     def mark_left(self) -> None:
         """Say in the job's store that this rank's process is exiting (at interpreter exit, the
-        script done or failed; never for a hand-over or a rollback, which replace the process
-        with ``execve``), so a peer whose collective then fails stops at once with that reason
-        instead of waiting out the rebuild timeout.  Never raises."""
+        script done or failed, or through :meth:`exit_fn`; never for a hand-over or a rollback,
+        which replace the process with ``execve``), so a peer whose collective then fails stops
+        at once with that reason instead of waiting out the rebuild timeout.  Written with the
+        calling thread's store client (the controller thread's is its own).  Never raises."""
+        kv = self._kv_wait if self._thread is not None and threading.current_thread() is self._thread else self._kv
         try:
-            if self._kv is not None:
-                self._kv.set(f"left/{self.s.rank}", "1")
+            if kv is not None:
+                kv.set(f"left/{self.s.rank}", "1")
         except Exception as ex:  # noqa: BLE001 - exiting anyway
             log.debug("left marker not written: %s", ex)
 
@@ -461,9 +473,18 @@ class Controller:
                          f"(last: {req.get('reason')}): the fault is not one a rebuild fixes")
             return
         kv = self._kv_wait
+        ho = req.get("handover")
+        if ho and ho.get("kind") == "none":
+            # the rank that lost its device is leaving with nothing to take its place: no
+            # agreement can complete without it (its proposal never comes), so stop now, with
+            # its reason, not at the rebuild timeout
+            from torch_hooks.spare import EXIT_NO_SPARE
+
+            self.exit_fn(EXIT_NO_SPARE, f"rank {ho.get('rank')} lost its device and no spare can take it: {ho.get('reason')}")
+            return
         kv.set(f"rebuild/{e}/pos/{self.s.rank}", json.dumps(self._position()))
-        if (req.get("handover") or {}).get("kind") == "rollback":  # no agreement: every rank starts over
-            self._roll_back(e, req["handover"], kv)
+        if (ho or {}).get("kind") == "rollback":  # no agreement: every rank starts over
+            self._roll_back(e, ho, kv)
             return
         d, t_agree = self._agree(kv, e, req)
         if not d.ok:
@@ -471,12 +492,6 @@ class Controller:
                          f"rebuild epoch {e}: {d.reason}")
             return
         iface = self.s.rails.get(d.rail) if d.rail is not None else None
-        ho = req.get("handover")
-        if ho and ho.get("kind") == "none":
-            from torch_hooks.spare import EXIT_NO_SPARE
-
-            self.exit_fn(EXIT_NO_SPARE, f"rank {ho.get('rank')} lost its device and no spare is left: {ho.get('reason')}")
-            return
         if ho and ho.get("kind") == "device":
             from torch_hooks import handover
 

@@ -119,6 +119,9 @@ def test_a_sharded_rank_on_a_failed_gpu_without_a_copy_of_its_shard_stops_the_jo
     err = p.stderr
     assert "faulted run failed" in err and "the model is sharded" in err and "exiting with status 69" in err, err[-3000:]
     assert why in err, err[-3000:]
+    # the surviving rank stops at once with the failed rank's reason, not at a rebuild or error
+    # timeout waiting for a rank that has left
+    assert "h0: exit 1: linkpass: rank 1 lost its device and no spare can take it" in err, err[-3000:]
 
 
 def test_a_rail_at_risk_by_its_counters_is_left_before_it_is_cut(tmp_path):

@@ -96,3 +96,46 @@ def test_a_peer_that_neither_proposes_nor_left_is_named_after_the_timeout():
     ranks[0].s.rebuild_timeout_s = 0.2
     with pytest.raises(RuntimeError, match=r"ranks \[1\] did not join rebuild epoch 1 within"):
         ranks[0]._agree(ranks[0]._kv_wait, 1, {"rank": 0, "trigger": "collective_error"})
+
+
+class _Exited(Exception):
+    pass
+
+
+def _exiting(store, rank, world=2):
+    codes = []
+
+    def exit_fn(code, reason):
+        codes.append((code, reason))
+        raise _Exited
+
+    c = Controller(Settings({"RANK": str(rank), "WORLD_SIZE": str(world), "LINKPASS_RAIL_IFACES": "0=a,1=b",
+                             "GLOO_SOCKET_IFNAME": "a", "LINKPASS_REBUILD_TIMEOUT_S": "3"}), Tracker(), exit_fn=exit_fn)
+    c._kv = c._kv_wait = dist.PrefixStore("linkpass/t", store)
+    return c, codes
+
+
+def test_a_peer_that_lost_its_device_with_nothing_to_take_it_stops_the_job_at_once_with_its_reason():
+    """Rank 1's GPU failed and no spare can take its shard: the request says so (handover kind
+    "none") and rank 1 exits; rank 0 must stop now with that reason, not wait the rebuild timeout
+    for a proposal rank 1 will never write (and then exit 76 naming the wrong cause)."""
+    from torch_hooks.spare import EXIT_NO_SPARE
+
+    c, codes = _exiting(dist.HashStore(), 0)
+    req = {"rank": 1, "trigger": "device_fault", "reason": "GPU 0 failed: Xid 79",
+           "handover": {"kind": "none", "rank": 1, "reason": "the model is sharded (fully_shard)"}}
+    with pytest.raises(_Exited):
+        c._rebuild_locked(1, 0, 0, req, None)
+    assert codes == [(EXIT_NO_SPARE, "rank 1 lost its device and no spare can take it: the model is sharded (fully_shard)")]
+    assert c._kv.check(["left/0"])  # and rank 0 is marked gone too, for anyone still waiting on it
+
+
+def test_a_rank_that_gives_up_is_marked_gone_so_its_peers_stop_waiting_for_it():
+    store = dist.HashStore()
+    quitter, codes = _exiting(store, 1)
+    with pytest.raises(_Exited):
+        quitter.exit_fn(76, "rebuild failed")
+    assert codes == [(76, "rebuild failed")]
+    waiter = _ranks(store)[0]
+    with pytest.raises(RuntimeError, match=r"rank\(s\) \[1\] left the job"):
+        waiter._agree(waiter._kv_wait, 1, {"rank": 0, "trigger": "collective_error"})
