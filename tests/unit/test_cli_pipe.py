@@ -56,8 +56,10 @@ def fake_daemon(tmp_path):
     t.start()
     yield str(path)
     stop.set()
+    srv.shutdown(socket.SHUT_RDWR)  # wakes the accept() (close() alone does not, on Linux)
     srv.close()
     t.join(timeout=5)
+    assert not t.is_alive()
 
 
 @pytest.mark.parametrize("flag", ["--history", "--json"])
