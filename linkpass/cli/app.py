@@ -326,6 +326,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="--script scenarios but snapshot: inject the fault when FILE appears (it must not exist yet; "
                    "a relative path is taken from the current directory) instead of at 30 %% of the run, for a test "
                    "that arranges the moment from inside the workers")
+    d.add_argument("--reference-cache", metavar="DIR",
+                   help="--script scenarios: keep the fault-free run's reports in DIR and take them from there when "
+                   "the script, its arguments, the hosts, torch and the hook's code are the same (no second reference run)")
     d.add_argument("--keep-logs", action="store_true", help="keep the work directory (daemon and trainer logs) after a successful run")
     d.set_defaults(func=cmd_demo)
     return p

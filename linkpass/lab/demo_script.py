@@ -46,7 +46,13 @@ Report (JSON with ``--json``): ``scenario``, ``steps`` (optimizer steps of the r
 protects, bitwise equal to the same rank's in the reference), ``recovery_ms`` (fault issued ->
 the slowest rank's first optimizer step after its recovery), ``max_step_stall_ms`` (the longest
 time between two optimizer steps of any rank, faulted run), ``script_sha256`` (of FILE as run),
-``protected_modules``, ``per_rank`` and ``workdir``.
+``protected_modules``, ``per_rank``, ``workdir`` and ``reference_from_cache``.
+
+``--reference-cache DIR``: the fault-free run's reports are kept in DIR, keyed by what they
+depend on (:meth:`ScriptDemo.reference_key`: the script, its arguments, the hosts, the
+interpreter, torch, the hook's code, ``PYTHONPATH``), and a later demo with the same key takes
+them from there instead of training the reference again (the test suite runs a dozen scenarios
+of the same script).
 """
 
 from __future__ import annotations
@@ -111,6 +117,9 @@ class ScriptDemo(RebuildDemo):
         self.memory_every = 10
         #: inject the fault when this file exists (None: at about 30 % of the run)
         self.fault_when: str | None = None
+        #: a directory of fault-free runs' reports (``--reference-cache``; None: always run it)
+        self.reference_cache: Path | None = None
+        self.reference_from_cache = False
         if scenario not in ("rail", "snapshot", "at-risk") and spares < 1:
             raise DemoError(f"--scenario {scenario} needs --spares 1 or more", 2)
 
@@ -173,6 +182,49 @@ class ScriptDemo(RebuildDemo):
                 raise DemoError(f"--fault-when {path}: not there within {timeout:.0f} s; see {self.workdir}/faulted-host*.log")
             time.sleep(0.01)
 
+    def reference_key(self) -> str:
+        """What the fault-free run's reports depend on, hashed (sha256 hex): the script's bytes and
+        arguments, the number of hosts, the interpreter and torch, the hook's and this module's
+        code, and ``PYTHONPATH`` (a ``sitecustomize`` there runs in the workers)."""
+        import torch
+        import torch_hooks
+
+        h = hashlib.sha256()
+        code = sorted(Path(torch_hooks.__file__).resolve().parent.rglob("*.py")) + [Path(__file__).resolve()]
+        for f in code:
+            h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
+        h.update(json.dumps({"script": hashlib.sha256(self.script_bytes).hexdigest(), "args": self.script_args,
+                             "hosts": self.hosts, "python": sys.executable, "torch": torch.__version__,
+                             "pythonpath": os.environ.get("PYTHONPATH", "")}, sort_keys=True).encode())
+        return h.hexdigest()
+
+    def _reference(self) -> list[dict]:
+        """The fault-free run's per-rank reports: from :attr:`reference_cache` when a run with the
+        same :meth:`reference_key` is there (a run is deterministic: every scenario checks its
+        weights bitwise against it), else run now (and kept there)."""
+        cached = None if self.reference_cache is None else self.reference_cache / f"reference-{self.reference_key()}.json"
+        if cached is not None and cached.is_file():
+            try:
+                ref = json.loads(cached.read_text())
+                if (isinstance(ref, list) and len(ref) == self.hosts
+                        and all(isinstance(r, dict) and isinstance(r.get("steps"), int) and "rank" in r for r in ref)):
+                    self.reference_from_cache = True
+                    self.log(f"reference run: reports taken from {cached} (same script, arguments, hosts, torch and hook code)")
+                    return ref
+                self.log(f"reference cache {cached}: not a list of {self.hosts} rank reports; running the reference")
+            except (OSError, ValueError) as e:
+                self.log(f"reference cache {cached}: unreadable ({e}); running the reference")
+        self._launch("reference", 29500)
+        ref = self._wait_all("reference")
+        if cached is not None:
+            try:
+                tmp = cached.with_suffix(f".tmp{os.getpid()}")
+                tmp.write_text(json.dumps(ref))
+                tmp.replace(cached)  # whole or not at all, for a demo running beside this one
+            except OSError as e:
+                self.log(f"reference cache {cached}: not written ({e.strerror})")
+        return ref
+
     def _report_path(self, tag: str, rank: int) -> Path:
         return self.workdir / f"{tag}-rank{rank}.json"
 
@@ -208,8 +260,7 @@ class ScriptDemo(RebuildDemo):
         self.start()
         self.log(f"reference run: {' '.join([Path(self.script).name, *self.script_args])} under linkpass exec + torchrun, "
                  "no fault")
-        self._launch("reference", 29500)
-        ref = self._wait_all("reference")
+        ref = self._reference()
         steps = min(r["steps"] for r in ref)
         if steps < 10:
             raise DemoError(f"the script made only {steps} optimizer steps: too few to cut mid-run (give it more work "
@@ -409,6 +460,7 @@ class ScriptDemo(RebuildDemo):
             "steps": steps,
             "steps_lost": steps - min(r["steps"] for r in res),
             "weights_match_reference": same,
+            "reference_from_cache": self.reference_from_cache,
             "recovery_ms": recovery,
             "max_step_stall_ms": stall,
             "median_step_ms": res[0].get("median_step_ms"),

@@ -34,11 +34,23 @@ DDP_ARGS = "--epochs 3 --samples 16384 --batch-size 32 --snapshot snapshot.pt"
 FSDP2_ARGS = "--epochs 3 --samples 16384"
 
 
-def _demo(tmp_path, script: Path, args: str, scenario: str, *extra: str) -> tuple[subprocess.CompletedProcess, dict | None]:
+@pytest.fixture(scope="module")
+def reference_cache(tmp_path_factory) -> Path:
+    """The fault-free runs' reports, shared by this module's demos (``--reference-cache``): a
+    dozen scenarios train the same two scripts, and the reference of a script is the same run
+    every time (keyed by the script, its arguments, the hosts, torch, the hook's code and
+    PYTHONPATH).  Whichever test comes first with a key runs it; the results do not depend on
+    which."""
+    return tmp_path_factory.mktemp("reference-cache")
+
+
+def _demo(tmp_path, script: Path, args: str, scenario: str, *extra: str,
+          cache: Path | None = None) -> tuple[subprocess.CompletedProcess, dict | None]:
     out = tmp_path / "demo.json"
     name = "tsd" + secrets.token_hex(3)
     p = subprocess.run([sys.executable, "-m", "linkpass.cli", "demo", "--scenario", scenario, "--script", str(script),
-                        "--script-args", args, "--name", name, "--json", str(out), *extra],
+                        "--script-args", args, "--name", name, "--json", str(out), *extra,
+                        *(("--reference-cache", str(cache)) if cache is not None else ())],
                        capture_output=True, text=True, timeout=600)
     assert name not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     return p, (json.loads(out.read_text()) if out.exists() else None)
@@ -59,8 +71,8 @@ def _demo(tmp_path, script: Path, args: str, scenario: str, *extra: str) -> tupl
 ], ids=["ddp-rail", "ddp-rail-latched", "ddp-device-fault", "ddp-device-fault-rank0", "seeded-device-fault", "fsdp2-rail",
         "fsdp2-rail-latched", "ddp-rail-latched-all-hosts", "fsdp2-rail-latched-all-hosts"])
 def test_an_unmodified_script_trains_through_the_fault_with_the_fault_free_weights(tmp_path, script, args, scenario, extra,
-                                                                                  kind):
-    p, r = _demo(tmp_path, script, args, scenario, *extra)
+                                                                                  kind, reference_cache):
+    p, r = _demo(tmp_path, script, args, scenario, *extra, cache=reference_cache)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     assert r["scenario"] == scenario and r["steps"] >= 100
     assert r["steps_lost"] == 0 and r["weights_match_reference"] is True, json.dumps(r["per_rank"])[:3000]
@@ -86,12 +98,12 @@ def test_an_unmodified_script_trains_through_the_fault_with_the_fault_free_weigh
         assert mine[0]["kind"] == ("device" if scenario == "device-fault" else "latched") and mine[0]["state_bytes"] > 0
 
 
-def test_a_sharded_rank_on_a_failed_gpu_goes_to_a_spare_from_its_peers_in_memory_copy(tmp_path):
+def test_a_sharded_rank_on_a_failed_gpu_goes_to_a_spare_from_its_peers_in_memory_copy(tmp_path, reference_cache):
     """FSDP2 keeps no replica of a rank's shard: with in-memory snapshots (every 10 steps) the
     spare takes the failed rank's part from the rank holding its copy, every survivor goes back
     to that step in a re-executed process, and the job redoes the steps since then: final
     weights bitwise the fault-free run's."""
-    p, r = _demo(tmp_path, FSDP2, FSDP2_ARGS, "device-fault", "--memory-every", "10")
+    p, r = _demo(tmp_path, FSDP2, FSDP2_ARGS, "device-fault", "--memory-every", "10", cache=reference_cache)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     assert r["steps_lost"] == 0 and r["weights_match_reference"] is True, json.dumps(r["per_rank"])[:3000]
     assert r["recovery"] == "rollback to the in-memory snapshot"
@@ -112,9 +124,10 @@ def test_a_sharded_rank_on_a_failed_gpu_goes_to_a_spare_from_its_peers_in_memory
 @pytest.mark.parametrize("every,why", [("0", "in-memory snapshots are off"),
                                        ("100000", "no in-memory snapshot is complete on every rank yet")],
                          ids=["off", "none-taken-yet"])
-def test_a_sharded_rank_on_a_failed_gpu_without_a_copy_of_its_shard_stops_the_job_with_the_reason(tmp_path, every, why):
+def test_a_sharded_rank_on_a_failed_gpu_without_a_copy_of_its_shard_stops_the_job_with_the_reason(tmp_path, every, why,
+                                                                                                   reference_cache):
     """No copy of the rank's shard anywhere: the job must stop, never train on wrong state."""
-    p, r = _demo(tmp_path, FSDP2, FSDP2_ARGS, "device-fault", "--memory-every", every)
+    p, r = _demo(tmp_path, FSDP2, FSDP2_ARGS, "device-fault", "--memory-every", every, cache=reference_cache)
     assert p.returncode == 1 and r is None
     err = p.stderr
     assert "faulted run failed" in err and "the model is sharded" in err and "exiting with status 69" in err, err[-3000:]
@@ -124,11 +137,11 @@ def test_a_sharded_rank_on_a_failed_gpu_without_a_copy_of_its_shard_stops_the_jo
     assert "h0: exit 1: linkpass: rank 1 lost its device and no spare can take it" in err, err[-3000:]
 
 
-def test_a_rail_at_risk_by_its_counters_is_left_before_it_is_cut(tmp_path):
+def test_a_rail_at_risk_by_its_counters_is_left_before_it_is_cut(tmp_path, reference_cache):
     """issue 18: the rail's error counters climb (linkpass inject counters), its daemon drains it
     by rule, the hooks move the process group at a step boundary, then the rail is cut: nothing
     is left on it (no rebuild after the cut), no step lost, the fault-free weights."""
-    p, r = _demo(tmp_path, DDP, DDP_ARGS, "at-risk")
+    p, r = _demo(tmp_path, DDP, DDP_ARGS, "at-risk", cache=reference_cache)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     assert r["drained_before_cut"] is True and r["rebuilds_after_cut"] == 0, json.dumps(r["per_rank"])[:3000]
     assert r["at_risk"]["rule"] == "ib.port_rcv_errors.rate" and r["at_risk"]["counter"] == "port_rcv_errors"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -62,3 +63,58 @@ def test_fault_when_is_made_absolute(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert fault_when_path("cut", "rail") == str(tmp_path / "cut")
     assert fault_when_path(None, "rail") is None
+
+
+@pytest.mark.parametrize("args,why", [
+    (["--scenario", "reroute", "--reference-cache", "{tmp}"], "only for the --script scenarios"),
+    (["--scenario", "rail", "--reference-cache", "{tmp}/no/such/dir"], "not a writable directory"),
+    (["--scenario", "rail", "--reference-cache", "{old}"], "not a writable directory"),
+])
+def test_reference_cache_is_refused_before_any_fabric_with_the_reason(args, why, tmp_path, capsys):
+    from linkpass.cli import main
+
+    (tmp_path / "old").write_text("")
+    args = [a.format(tmp=tmp_path, old=tmp_path / "old") for a in args]
+    assert main(["demo", "--name", "lprc", *args]) == 2
+    err = capsys.readouterr().err
+    assert why in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+
+
+def _cached_demo(tmp_path, monkeypatch, args="--epochs 1", script="ddp_train.py", hosts=2):
+    d = demo_script.ScriptDemo(str(ROOT / "examples" / script), args, "rail", hosts, 2, "lpt", "carrier-loss", log=lambda m: None)
+    d.reference_cache = tmp_path
+    runs = []
+
+    def launch(tag, port, *a, **kw):
+        runs.append(tag)
+
+    monkeypatch.setattr(d, "_launch", launch)
+    monkeypatch.setattr(d, "_wait_all", lambda tag: [{"rank": r, "steps": 40, "weights_sha256": f"w{r}"} for r in range(hosts)])
+    return d, runs
+
+
+def test_the_reference_is_run_once_per_key_and_then_taken_from_the_cache(tmp_path, monkeypatch):
+    d, runs = _cached_demo(tmp_path, monkeypatch)
+    ref = d._reference()
+    assert runs == ["reference"] and not d.reference_from_cache
+    d2, runs2 = _cached_demo(tmp_path, monkeypatch)
+    assert d2._reference() == ref and runs2 == [] and d2.reference_from_cache
+    # anything the reports depend on gives another key: the reference runs again
+    for kw in ({"args": "--epochs 2"}, {"script": "fsdp2_train.py"}, {"hosts": 3}):
+        d3, runs3 = _cached_demo(tmp_path, monkeypatch, **kw)
+        assert d3.reference_key() != d.reference_key()
+        d3._reference()
+        assert runs3 == ["reference"], kw
+    key = d.reference_key()
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))  # a sitecustomize there would run in the workers
+    assert d.reference_key() != key
+
+
+@pytest.mark.parametrize("content", ["", "{", "[]", '[{"rank": 0}]', '{"rank": 0, "steps": 3}', '[{"rank": 0, "steps": 40}]'])
+def test_a_bad_or_truncated_cache_entry_is_run_again_and_replaced(tmp_path, monkeypatch, content):
+    d, runs = _cached_demo(tmp_path, monkeypatch)
+    entry = tmp_path / f"reference-{d.reference_key()}.json"
+    entry.write_text(content)
+    ref = d._reference()
+    assert runs == ["reference"] and not d.reference_from_cache
+    assert json.loads(entry.read_text()) == ref

@@ -42,6 +42,14 @@ def main(args) -> int:
             raise DemoError("--memory-every must be 0 (off) or more", 2)
         demo.memory_every = every
         demo.fault_when = fault_when_path(getattr(args, "fault_when", None), scenario)
+        cache = getattr(args, "reference_cache", None)
+        if cache is not None:
+            demo.reference_cache = Path(cache).resolve()
+            if not demo.reference_cache.is_dir() or not os.access(demo.reference_cache, os.W_OK):
+                raise DemoError(f"--reference-cache {cache}: not a writable directory", 2)
+    elif getattr(args, "reference_cache", None):
+        raise DemoError("--reference-cache: only for the --script scenarios (rail, rail-latched, device-fault, snapshot, "
+                        "at-risk)", 2)
     elif getattr(args, "fault_when", None):
         raise DemoError("--fault-when: only for the --script scenarios (rail, rail-latched, device-fault, at-risk)", 2)
     elif scenario == "guard-device-fault":
