@@ -163,10 +163,10 @@ class Controller:
             after a rebuild for timings).
         on_latched: ``fn(reason, decision) -> None`` when a latched group cannot move (the
             hand-over to a spare); default: exit :data:`EXIT_MIGRATE`.
-        exit_fn: the one exit path (code, reason): report, flush, exit.  :attr:`exit_fn` first
+        exit_fn: the one exit path (code, reason): report, flush, exit.  :meth:`exit_fn` first
             marks this rank as gone in the job's store (:meth:`mark_left`), so the other ranks,
-            waiting for it in a rebuild, stop at once with the reason instead of at the
-            rebuild timeout.
+            waiting for its proposal in a rebuild's agreement, stop at once with the reason
+            instead of at the rebuild timeout.
     """
 
     def __init__(self, settings: Settings, tracker: Any, *, on_latched: Callable[[str, agreement.Decision], None] | None = None,
@@ -449,7 +449,8 @@ class Controller:
         script done or failed, or through :meth:`exit_fn`; never for a hand-over or a rollback,
         which replace the process with ``execve``), so a peer whose collective then fails stops
         at once with that reason instead of waiting out the rebuild timeout.  Written with the
-        calling thread's store client (the controller thread's is its own).  Never raises."""
+        controller thread's store client when called there, else with the main one.  Never
+        raises."""
         kv = self._kv_wait if self._thread is not None and threading.current_thread() is self._thread else self._kv
         try:
             if kv is not None:
@@ -474,6 +475,8 @@ class Controller:
             return
         kv = self._kv_wait
         ho = req.get("handover")
+        if ho and ho.get("kind") == "none" and ho.get("rank") == self.s.rank:
+            return  # our own request: the device-fault path is exiting this process with the reason
         if ho and ho.get("kind") == "none":
             # the rank that lost its device is leaving with nothing to take its place: no
             # agreement can complete without it (its proposal never comes), so stop now, with

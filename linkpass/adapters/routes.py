@@ -73,15 +73,16 @@ def _build_error(e: Exception) -> str:
     return f"cannot encode the request: {e}"
 
 
-#: a pass logs this many of its route and nexthop changes one by one at INFO; the rest at DEBUG,
+#: a batch logs this many of its route and nexthop changes one by one at INFO; the rest at DEBUG,
 #: with one INFO line saying how many (a reroute of thousands of destinations would otherwise
 #: write thousands of lines, and format them in the engine's turn)
 LOG_EACH = 16
 
 
 class _ChangeLog:
-    """The INFO lines of one pass's changes: the first :data:`LOG_EACH` one by one, the rest
-    counted (and at DEBUG when that is on); :meth:`close` writes the count."""
+    """The INFO lines of one batch of changes (one call of the apply step; a pass makes one
+    or two): the first :data:`LOG_EACH` one by one, the rest counted (and at DEBUG when that is
+    on); :meth:`close` writes the count."""
 
     def __init__(self, what: str) -> None:
         self.what, self.n = what, 0
@@ -95,7 +96,7 @@ class _ChangeLog:
 
     def close(self) -> None:
         if self.n > LOG_EACH:
-            log.info("%s: %d more change%s in this pass (listed at DEBUG)", self.what, self.n - LOG_EACH,
+            log.info("%s: %d more change%s in this batch (listed at DEBUG)", self.what, self.n - LOG_EACH,
                      "" if self.n - LOG_EACH == 1 else "s")
         self.n = 0
 
@@ -525,41 +526,43 @@ class RouteActuator:
         t_last = None
         done: list[NhOp] = []
         changes = _ChangeLog("nexthop")
-        i = 0
-        while i < len(ops):
-            if not ops[i].op.startswith("delete"):
-                # a run of adds and replaces: one datagram (request_many); the kernel takes
-                # them in order, so a group replace sees the leaves added before it
-                j = i
-                while j < len(ops) and not ops[j].op.startswith("delete"):
-                    j += 1
-                n, t = self._apply_nh_batch(nl, ops[i:j], errors, done, changes)
-                replaced += n
-                t_last = t if t is not None else t_last
-                i = j
-                continue
-            op = ops[i]
-            i += 1
-            if errors:
-                continue
-            try:
+        try:
+            i = 0
+            while i < len(ops):
+                if not ops[i].op.startswith("delete"):
+                    # a run of adds and replaces: one datagram (request_many); the kernel takes
+                    # them in order, so a group replace sees the leaves added before it
+                    j = i
+                    while j < len(ops) and not ops[j].op.startswith("delete"):
+                        j += 1
+                    n, t = self._apply_nh_batch(nl, ops[i:j], errors, done, changes)
+                    replaced += n
+                    t_last = t if t is not None else t_last
+                    i = j
+                    continue
+                op = ops[i]
+                i += 1
+                if errors:
+                    continue
                 try:
-                    if op.op == "delete-route":
-                        assert op.route is not None
-                        nl.request(lambda seq: route_delete_request(op.route, seq))
-                    else:
-                        assert op.obj is not None
-                        nl.request(lambda seq: nexthop_delete_request(op.obj.id, seq))
-                except NetlinkNackError as e:
-                    if e.errno not in (errno.ENOENT, errno.ESRCH):
-                        raise
-                deleted += 1
-                done.append(op)
-                changes.done(op)
-            except (NetlinkError, OSError, KeyError, ValueError) as e:
-                errors.append(f"{op.describe()}: {e}")
-                log.error("nexthop %s failed: %s", op.describe(), e)
-        changes.close()
+                    try:
+                        if op.op == "delete-route":
+                            assert op.route is not None
+                            nl.request(lambda seq: route_delete_request(op.route, seq))
+                        else:
+                            assert op.obj is not None
+                            nl.request(lambda seq: nexthop_delete_request(op.obj.id, seq))
+                    except NetlinkNackError as e:
+                        if e.errno not in (errno.ENOENT, errno.ESRCH):
+                            raise
+                    deleted += 1
+                    done.append(op)
+                    changes.done(op)
+                except (NetlinkError, OSError, KeyError, ValueError) as e:
+                    errors.append(f"{op.describe()}: {e}")
+                    log.error("nexthop %s failed: %s", op.describe(), e)
+        finally:
+            changes.close()
         return (replaced, deleted, t_last), done
 
     def _apply_nh_batch(self, nl: NexthopSocket, ops: list[NhOp], errors: list[str], done: list[NhOp],

@@ -328,7 +328,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "that arranges the moment from inside the workers")
     d.add_argument("--reference-cache", metavar="DIR",
                    help="--script scenarios: keep the fault-free run's reports in DIR and take them from there when "
-                   "the script, its arguments, the hosts, torch and the hook's code are the same (no second reference run)")
+                   "the script, its arguments, the hosts, the interpreter, torch, the CPU, linkpass's and the hook's code "
+                   "and the environment (with any sitecustomize on PYTHONPATH) are the same (no second reference run)")
     d.add_argument("--keep-logs", action="store_true", help="keep the work directory (daemon and trainer logs) after a successful run")
     d.set_defaults(func=cmd_demo)
     return p

@@ -75,6 +75,12 @@ DEFAULT_SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "ddp_train.p
 DEFAULT_SCRIPT_ARGS = "--epochs 3 --samples 16384 --batch-size 32 --snapshot snapshot.pt"
 
 
+#: environment variables left out of :meth:`ScriptDemo.reference_key` (prefixes): they differ
+#: between shells and test cases and no training script reads them
+_VOLATILE_ENV = ("PYTEST_", "PWD", "OLDPWD", "SHLVL", "_", "COLUMNS", "LINES", "TERM", "SSH_", "DISPLAY", "XDG_",
+                 "INVOCATION_ID", "JOURNAL_STREAM", "LS_COLORS", "MAIL", "HISTFILE")
+
+
 class ScriptDemo(RebuildDemo):
     """See the module docstring."""
 
@@ -184,18 +190,31 @@ class ScriptDemo(RebuildDemo):
 
     def reference_key(self) -> str:
         """What the fault-free run's reports depend on, hashed (sha256 hex): the script's bytes and
-        arguments, the number of hosts, the interpreter and torch, the hook's and this module's
-        code, and ``PYTHONPATH`` (a ``sitecustomize`` there runs in the workers)."""
+        arguments, the number of hosts, the interpreter, torch and the CPU it computes with (its
+        SIMD level changes float results), linkpass's and the hook's code, the environment the
+        workers inherit (but for :data:`_VOLATILE_ENV`), and every ``sitecustomize.py`` on
+        ``PYTHONPATH`` (it runs in the workers).  Files the script itself reads (modules of its
+        own, data) are not in it: a cache is for a series of runs of the same script."""
+        import platform
+
         import torch
         import torch_hooks
 
         h = hashlib.sha256()
-        code = sorted(Path(torch_hooks.__file__).resolve().parent.rglob("*.py")) + [Path(__file__).resolve()]
+        here = Path(__file__).resolve().parents[1]  # the linkpass package
+        code = sorted(Path(torch_hooks.__file__).resolve().parent.rglob("*.py")) + sorted(here.rglob("*.py"))
+        for d in filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep)):
+            code.append(Path(d) / "sitecustomize.py")
         for f in code:
-            h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
+            try:
+                h.update(str(f).encode() + b"\0" + f.read_bytes() + b"\0")
+            except OSError:
+                h.update(str(f).encode() + b"\0-\0")
+        env = {k: v for k, v in os.environ.items() if not k.startswith(_VOLATILE_ENV)}
         h.update(json.dumps({"script": hashlib.sha256(self.script_bytes).hexdigest(), "args": self.script_args,
                              "hosts": self.hosts, "python": sys.executable, "torch": torch.__version__,
-                             "pythonpath": os.environ.get("PYTHONPATH", "")}, sort_keys=True).encode())
+                             "machine": platform.machine(), "cpu": torch.backends.cpu.get_cpu_capability(),
+                             "env": env}, sort_keys=True).encode())
         return h.hexdigest()
 
     def _reference(self) -> list[dict]:
@@ -206,23 +225,28 @@ class ScriptDemo(RebuildDemo):
         if cached is not None and cached.is_file():
             try:
                 ref = json.loads(cached.read_text())
-                if (isinstance(ref, list) and len(ref) == self.hosts
-                        and all(isinstance(r, dict) and isinstance(r.get("steps"), int) and "rank" in r for r in ref)):
+                if (isinstance(ref, list) and all(isinstance(r, dict) for r in ref)
+                        and sorted(r.get("rank", -1) for r in ref) == list(range(self.hosts))
+                        and all(isinstance(r.get("steps"), int) and isinstance(r.get("weights_sha256"), str) for r in ref)):
                     self.reference_from_cache = True
-                    self.log(f"reference run: reports taken from {cached} (same script, arguments, hosts, torch and hook code)")
+                    self.log(f"reference run: not run again, its reports are taken from {cached} (the same script, "
+                             "arguments, hosts, interpreter, torch, CPU, code and environment)")
                     return ref
                 self.log(f"reference cache {cached}: not a list of {self.hosts} rank reports; running the reference")
             except (OSError, ValueError) as e:
                 self.log(f"reference cache {cached}: unreadable ({e}); running the reference")
+        self.log(f"reference run: {' '.join([Path(self.script).name, *self.script_args])} under linkpass exec + torchrun, "
+                 "no fault")
         self._launch("reference", 29500)
         ref = self._wait_all("reference")
         if cached is not None:
+            tmp = cached.with_suffix(f".tmp{os.getpid()}")
             try:
-                tmp = cached.with_suffix(f".tmp{os.getpid()}")
                 tmp.write_text(json.dumps(ref))
                 tmp.replace(cached)  # whole or not at all, for a demo running beside this one
             except OSError as e:
                 self.log(f"reference cache {cached}: not written ({e.strerror})")
+                tmp.unlink(missing_ok=True)
         return ref
 
     def _report_path(self, tag: str, rank: int) -> Path:
@@ -258,8 +282,6 @@ class ScriptDemo(RebuildDemo):
 
     def run(self) -> dict:
         self.start()
-        self.log(f"reference run: {' '.join([Path(self.script).name, *self.script_args])} under linkpass exec + torchrun, "
-                 "no fault")
         ref = self._reference()
         steps = min(r["steps"] for r in ref)
         if steps < 10:

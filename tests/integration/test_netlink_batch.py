@@ -136,7 +136,7 @@ def test_the_actuator_reports_exactly_the_refused_destinations_of_a_big_plan(pai
         assert our_routes(pair) == {dst(i): ["r0", "r1"] for i in range(n)}
         # a big plan logs its first LOG_EACH (16) changes and how many more, not one line each
         info = [m for lvl, m in r["log"] if lvl == "INFO"]
-        assert len(info) == 17 and info[-1].endswith(f"{r['replaced'] - 16} more changes in this pass (listed at DEBUG)"), info
+        assert len(info) == 17 and info[-1].endswith(f"{r['replaced'] - 16} more changes in this batch (listed at DEBUG)"), info
         # rail 0 out for everyone, and destination 7 onto a gateway the kernel refuses
         r = plan([[9] if i == 7 else [1] for i in range(n)])
         if objects:  # the refused leaf, and the one group that was to use it

@@ -38,9 +38,9 @@ FSDP2_ARGS = "--epochs 3 --samples 16384"
 def reference_cache(tmp_path_factory) -> Path:
     """The fault-free runs' reports, shared by this module's demos (``--reference-cache``): a
     dozen scenarios train the same two scripts, and the reference of a script is the same run
-    every time (keyed by the script, its arguments, the hosts, torch, the hook's code and
-    PYTHONPATH).  Whichever test comes first with a key runs it; the results do not depend on
-    which."""
+    every time (keyed by the script, its arguments, the hosts, the interpreter, torch, the CPU,
+    the code and the environment: ScriptDemo.reference_key).  Whichever test comes first with a
+    key runs it; the results do not depend on which."""
     return tmp_path_factory.mktemp("reference-cache")
 
 

@@ -69,6 +69,7 @@ def test_fault_when_is_made_absolute(tmp_path, monkeypatch):
     (["--scenario", "reroute", "--reference-cache", "{tmp}"], "only for the --script scenarios"),
     (["--scenario", "rail", "--reference-cache", "{tmp}/no/such/dir"], "not a writable directory"),
     (["--scenario", "rail", "--reference-cache", "{old}"], "not a writable directory"),
+    (["--scenario", "rail", "--reference-cache", ""], "empty"),
 ])
 def test_reference_cache_is_refused_before_any_fabric_with_the_reason(args, why, tmp_path, capsys):
     from linkpass.cli import main
@@ -106,11 +107,25 @@ def test_the_reference_is_run_once_per_key_and_then_taken_from_the_cache(tmp_pat
         d3._reference()
         assert runs3 == ["reference"], kw
     key = d.reference_key()
-    monkeypatch.setenv("PYTHONPATH", str(tmp_path))  # a sitecustomize there would run in the workers
+    monkeypatch.setenv("PYTEST_CURRENT_TEST", "another test")  # differs between callers, read by no script
+    assert d.reference_key() == key
+    monkeypatch.setenv("HOLD_ALLREDUCE_SEQ", "50")  # a variable the script (or a shim) may read
     assert d.reference_key() != key
+    monkeypatch.delenv("HOLD_ALLREDUCE_SEQ")
+    site = tmp_path / "site"
+    site.mkdir()
+    monkeypatch.setenv("PYTHONPATH", str(site))  # a sitecustomize there runs in the workers
+    k1 = d.reference_key()
+    (site / "sitecustomize.py").write_text("x = 1\n")
+    k2 = d.reference_key()
+    (site / "sitecustomize.py").write_text("x = 2\n")
+    assert len({key, k1, k2, d.reference_key()}) == 4
 
 
-@pytest.mark.parametrize("content", ["", "{", "[]", '[{"rank": 0}]', '{"rank": 0, "steps": 3}', '[{"rank": 0, "steps": 40}]'])
+@pytest.mark.parametrize("content", [
+    "", "{", "[]", '[{"rank": 0}]', '{"rank": 0, "steps": 3}', '[{"rank": 0, "steps": 40, "weights_sha256": "w"}]',
+    '[{"rank": 0, "steps": 40, "weights_sha256": "w"}, {"rank": 0, "steps": 40, "weights_sha256": "w"}]',
+    '[{"rank": 0, "steps": 40, "weights_sha256": "w"}, {"rank": 1, "steps": 40}]', "[1, 2]"])
 def test_a_bad_or_truncated_cache_entry_is_run_again_and_replaced(tmp_path, monkeypatch, content):
     d, runs = _cached_demo(tmp_path, monkeypatch)
     entry = tmp_path / f"reference-{d.reference_key()}.json"

@@ -44,6 +44,8 @@ def main(args) -> int:
         demo.fault_when = fault_when_path(getattr(args, "fault_when", None), scenario)
         cache = getattr(args, "reference_cache", None)
         if cache is not None:
+            if not cache.strip():
+                raise DemoError("--reference-cache: empty (name a directory)", 2)
             demo.reference_cache = Path(cache).resolve()
             if not demo.reference_cache.is_dir() or not os.access(demo.reference_cache, os.W_OK):
                 raise DemoError(f"--reference-cache {cache}: not a writable directory", 2)
