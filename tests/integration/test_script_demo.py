@@ -34,16 +34,6 @@ DDP_ARGS = "--epochs 3 --samples 16384 --batch-size 32 --snapshot snapshot.pt"
 FSDP2_ARGS = "--epochs 3 --samples 16384"
 
 
-@pytest.fixture(scope="module")
-def reference_cache(tmp_path_factory) -> Path:
-    """The fault-free runs' reports, shared by this module's demos (``--reference-cache``): a
-    dozen scenarios train the same two scripts, and the reference of a script is the same run
-    every time (keyed by the script, its arguments, the hosts, the interpreter, torch, the CPU,
-    the code and the environment: ScriptDemo.reference_key).  Whichever test comes first with a
-    key runs it; the results do not depend on which."""
-    return tmp_path_factory.mktemp("reference-cache")
-
-
 def _demo(tmp_path, script: Path, args: str, scenario: str, *extra: str,
           cache: Path | None = None) -> tuple[subprocess.CompletedProcess, dict | None]:
     out = tmp_path / "demo.json"

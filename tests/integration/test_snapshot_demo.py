@@ -26,11 +26,12 @@ torch = pytest.importorskip("torch")
 FSDP2 = Path(__file__).resolve().parents[2] / "examples" / "fsdp2_train.py"
 
 
-def test_a_snapshot_of_a_running_fsdp2_job_restores_bitwise_in_a_fresh_run(tmp_path):
+def test_a_snapshot_of_a_running_fsdp2_job_restores_bitwise_in_a_fresh_run(tmp_path, reference_cache):
     out = tmp_path / "demo.json"
     name = "tsn" + secrets.token_hex(3)
     p = subprocess.run([sys.executable, "-m", "linkpass.cli", "demo", "--scenario", "snapshot", "--script", str(FSDP2),
-                        "--script-args", "--epochs 3 --samples 16384", "--name", name, "--json", str(out)],
+                        "--script-args", "--epochs 3 --samples 16384", "--name", name, "--json", str(out),
+                        "--reference-cache", str(reference_cache)],
                        capture_output=True, text=True, timeout=900)
     assert name not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]

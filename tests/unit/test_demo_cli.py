@@ -46,8 +46,12 @@ def test_the_reference_run_banner_has_single_spaces(args, monkeypatch):
     (["--scenario", "rail", "--fault-when", "{tmp}/no/such/dir/f"], "does not exist"),
     (["--scenario", "rail", "--fault-when", "{tmp}"], "exists already"),
     (["--scenario", "rail", "--fault-when", "{old}"], "exists already"),
+    (["--scenario", "reroute", "--reference-cache", "{tmp}"], "only for the --script scenarios"),
+    (["--scenario", "rail", "--reference-cache", "{tmp}/no/such/dir"], "not a writable directory"),
+    (["--scenario", "rail", "--reference-cache", "{old}"], "not a writable directory"),
+    (["--scenario", "rail", "--reference-cache", ""], "empty"),
 ])
-def test_fault_when_is_refused_before_any_fabric_with_the_reason(args, why, tmp_path, capsys):
+def test_fault_when_and_reference_cache_are_refused_before_any_fabric_with_the_reason(args, why, tmp_path, capsys):
     from linkpass.cli import main
 
     (tmp_path / "old").write_text("")
@@ -63,22 +67,6 @@ def test_fault_when_is_made_absolute(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert fault_when_path("cut", "rail") == str(tmp_path / "cut")
     assert fault_when_path(None, "rail") is None
-
-
-@pytest.mark.parametrize("args,why", [
-    (["--scenario", "reroute", "--reference-cache", "{tmp}"], "only for the --script scenarios"),
-    (["--scenario", "rail", "--reference-cache", "{tmp}/no/such/dir"], "not a writable directory"),
-    (["--scenario", "rail", "--reference-cache", "{old}"], "not a writable directory"),
-    (["--scenario", "rail", "--reference-cache", ""], "empty"),
-])
-def test_reference_cache_is_refused_before_any_fabric_with_the_reason(args, why, tmp_path, capsys):
-    from linkpass.cli import main
-
-    (tmp_path / "old").write_text("")
-    args = [a.format(tmp=tmp_path, old=tmp_path / "old") for a in args]
-    assert main(["demo", "--name", "lprc", *args]) == 2
-    err = capsys.readouterr().err
-    assert why in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
 
 
 def _cached_demo(tmp_path, monkeypatch, args="--epochs 1", script="ddp_train.py", hosts=2):
