@@ -232,3 +232,5 @@ def test_a_spare_whose_store_died_retires_quietly(tmp_path):
     finally:
         if srv.poll() is None:
             srv.kill()
+        srv.wait(5)
+        srv.stdout.close()

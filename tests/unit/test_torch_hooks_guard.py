@@ -546,6 +546,8 @@ def test_a_fault_with_the_store_gone_says_so_and_exits_76_not_69(no_exit, capsys
     finally:
         if srv.poll() is None:
             srv.kill()
+        srv.wait(5)
+        srv.stdout.close()
     assert ei.value.args[0] == EXIT_REBUILD_FAILED
     err = capsys.readouterr().err
     assert "store is unreachable" in err and "NO SPARE" not in err
