@@ -50,7 +50,8 @@ time between two optimizer steps of any rank, faulted run), ``script_sha256`` (o
 
 ``--reference-cache DIR``: the fault-free run's reports are kept in DIR, keyed by what they
 depend on (:meth:`ScriptDemo.reference_key`: the script, its arguments, the hosts, the
-interpreter, torch, the hook's code, ``PYTHONPATH``), and a later demo with the same key takes
+interpreter, torch, the CPU, linkpass's and the hook's code, the environment, any
+``sitecustomize.py`` on ``PYTHONPATH``), and a later demo with the same key takes
 them from there instead of training the reference again (the test suite runs a dozen scenarios
 of the same script).
 """
@@ -233,7 +234,7 @@ class ScriptDemo(RebuildDemo):
                              "arguments, hosts, interpreter, torch, CPU, code and environment)")
                     return ref
                 self.log(f"reference cache {cached}: not a list of {self.hosts} rank reports; running the reference")
-            except (OSError, ValueError) as e:
+            except (OSError, ValueError, TypeError) as e:  # TypeError: ranks of mixed types
                 self.log(f"reference cache {cached}: unreadable ({e}); running the reference")
         self.log(f"reference run: {' '.join([Path(self.script).name, *self.script_args])} under linkpass exec + torchrun, "
                  "no fault")

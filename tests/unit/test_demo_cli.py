@@ -113,7 +113,8 @@ def test_the_reference_is_run_once_per_key_and_then_taken_from_the_cache(tmp_pat
 @pytest.mark.parametrize("content", [
     "", "{", "[]", '[{"rank": 0}]', '{"rank": 0, "steps": 3}', '[{"rank": 0, "steps": 40, "weights_sha256": "w"}]',
     '[{"rank": 0, "steps": 40, "weights_sha256": "w"}, {"rank": 0, "steps": 40, "weights_sha256": "w"}]',
-    '[{"rank": 0, "steps": 40, "weights_sha256": "w"}, {"rank": 1, "steps": 40}]', "[1, 2]"])
+    '[{"rank": 0, "steps": 40, "weights_sha256": "w"}, {"rank": 1, "steps": 40}]', "[1, 2]",
+    '[{"rank": "0", "steps": 40, "weights_sha256": "w"}, {"rank": 1, "steps": 40, "weights_sha256": "w"}]'])
 def test_a_bad_or_truncated_cache_entry_is_run_again_and_replaced(tmp_path, monkeypatch, content):
     d, runs = _cached_demo(tmp_path, monkeypatch)
     entry = tmp_path / f"reference-{d.reference_key()}.json"
